@@ -1,0 +1,138 @@
+"""The ``Backend`` protocol: the one boundary between the pipeline and an inference engine.
+
+A backend receives a :class:`GenerationRequest` and yields :data:`BackendEvent` values. The request
+carries **both** forms of the context, so each backend takes what its engine accepts:
+
+* ``prompt`` — the rendered prompt as token ids (an incremental token log plus the generation
+  prompt) when the route has a renderer: for engines that accept token ids (vLLM and SGLang
+  ``/v1/completions``, Cerebras raw completions).
+* ``conversation`` — the structured items (with ``instructions`` and ``tools``): for engines that
+  take messages (chat-completions APIs). ``conversation.items()`` walks the whole history, so only
+  call it when the engine needs it.
+
+The pipeline turns the events into output items and server events; a backend never builds
+Response objects or wire events itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from ..conversation import Conversation
+from ..protocol.tools import ToolSet
+
+if TYPE_CHECKING:
+    from ..tokens import Renderer, TokenLog
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """The rendered prompt of one generation."""
+
+    log: TokenLog
+    renderer: Renderer
+
+    def tokens(self) -> Sequence[int]:
+        """All prompt token ids, generation prompt included (O(prompt))."""
+        return self.renderer.prompt(self.log)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length without the generation prompt (O(1))."""
+        return self.log.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    response_id: str
+    model: str
+    instructions: str | None
+    tools: ToolSet
+    conversation: Conversation
+    prompt: Prompt | None
+    affinity_key: str
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Assistant message text. ``token_ids``: the sampled ids, when the engine reports them."""
+
+    text: str
+    token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Raw chain-of-thought text (rendered back as an analysis/reasoning item)."""
+
+    text: str
+    token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """A new function call; its arguments follow as :class:`ToolCallDelta` values."""
+
+    name: str
+    call_id: str | None = None
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    arguments: str
+    token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineUsage:
+    """What the engine measured; fields left ``None`` are computed by the pipeline."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The end of generation. ``reason``: ``stop`` (or ``tool_calls``), ``length``, ``content_filter``."""
+
+    reason: Literal["stop", "tool_calls", "length", "content_filter"] = "stop"
+    usage: EngineUsage | None = None
+
+
+BackendEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Finish
+
+
+class BackendError(Exception):
+    """A generation failure; reported to the client as ``response.failed`` with this code."""
+
+    def __init__(self, message: str, code: str = "server_error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An inference engine. ``generate`` is an async generator; cancelling it must stop the engine."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]: ...
+
+    def models(self) -> Sequence[str]:
+        """Model names this backend serves (for ``GET /v1/models``)."""
+        ...
+
+    @property
+    def accepts_media(self) -> bool:
+        """Whether ``input_image``/``input_file`` parts can be handed to this engine."""
+        ...

@@ -1,0 +1,210 @@
+"""The embedded simulated engine: deterministic, and honest about time.
+
+Timing model (all rates configurable; ``instant=True`` makes every delay zero):
+
+* **prefill** — time to first token = ``uncached prompt tokens / prefill_tokens_per_s``. The
+  engine keeps, per affinity key (one conversation lane pinned to one replica), the last prompt it
+  processed, and treats the common prefix with that prompt as already in its KV cache, like a
+  real prefix cache on a pinned replica.
+* **decode** — output streams at ``output_tokens_per_s``, one delta per output token.
+
+Default policy, enough to drive a real agent client end to end:
+
+1. The request offers a shell tool (``exec_command`` with a ``cmd`` string, ``shell`` with a
+   ``command`` array, or any function with such a parameter) and the latest user message contains a
+   command in backticks → call that tool with that command.
+2. The last item is a ``function_call_output`` → a short message quoting the last non-empty line
+   of the output.
+3. Otherwise → a text answer.
+
+Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
+first ``tool_calls`` turns after a user message each call the first function tool with arguments of
+``argument_tokens`` tokens, then one final answer of ``answer_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from ..protocol.items import FunctionCallOutput, Message, text_of
+from ..protocol.tools import FunctionTool
+from .base import (
+    BackendEvent,
+    EngineUsage,
+    Finish,
+    GenerationRequest,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
+
+_BACKTICKS = re.compile(r"`([^`\n]+)`")
+_FILLER = (
+    "The change compiles cleanly and the tests pass; next I will look at the remaining edge cases "
+    "in the parser and tidy the error messages before opening the pull request. "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A scripted rollout: ``tool_calls`` calls, then one answer."""
+
+    tool_calls: int = 30
+    argument_tokens: int = 40
+    answer_tokens: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedConfig:
+    prefill_tokens_per_s: float = 20_000.0
+    output_tokens_per_s: float = 1_000.0
+    answer_tokens: int = 24
+    instant: bool = False
+    scenario: Scenario | None = None
+    model_names: tuple[str, ...] = ("sim-1",)
+    affinity_slots: int = 4096
+
+
+class SimulatedEngine:
+    """The default :class:`~responses_cache.backends.base.Backend`."""
+
+    accepts_media = True
+
+    def __init__(
+        self,
+        config: SimulatedConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config or SimulatedConfig()
+        self._clock = clock
+        self._kv: LRUCache[str, object] = LRUCache(maxsize=self.config.affinity_slots)
+        self.prefilled_tokens = 0
+        self.requests = 0
+
+    def models(self) -> Sequence[str]:
+        return self.config.model_names
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        self.requests += 1
+        cfg = self.config
+        prompt_tokens, cached = self._prefill_accounting(request)
+        self.prefilled_tokens += prompt_tokens - cached
+        if not cfg.instant and prompt_tokens > cached:
+            await asyncio.sleep((prompt_tokens - cached) / cfg.prefill_tokens_per_s)
+        plan = self._plan(request)
+        pieces = self._tokenize(request, plan.text if plan.call is None else plan.arguments)
+        if plan.call is not None:
+            yield ToolCallStart(name=plan.call.name, namespace=plan.namespace)
+        decode_start = self._clock()
+        for i, piece in enumerate(pieces):
+            if not cfg.instant:
+                due = decode_start + (i + 1) / cfg.output_tokens_per_s
+                delay = due - self._clock()
+                if delay > 0.001:
+                    await asyncio.sleep(delay)
+            yield ToolCallDelta(piece) if plan.call is not None else TextDelta(piece)
+        yield Finish(
+            reason="tool_calls" if plan.call is not None else "stop",
+            usage=EngineUsage(prompt_tokens=prompt_tokens, cached_tokens=cached, output_tokens=len(pieces)),
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _prefill_accounting(self, request: GenerationRequest) -> tuple[int, int]:
+        if request.prompt is None:
+            return 0, 0
+        log = request.prompt.log
+        previous = self._kv.get(request.affinity_key)
+        cached = log.common_prefix(previous) if previous is not None else 0  # type: ignore[arg-type]
+        self._kv[request.affinity_key] = log
+        return log.num_tokens, cached
+
+    def _tokenize(self, request: GenerationRequest, text: str) -> list[str]:
+        if request.prompt is not None:
+            renderer = request.prompt.renderer
+            return [renderer.decode([t]) for t in renderer.encode_text(text)]
+        return re.findall(r"\S*\s*", text)[:-1] or [text]
+
+    def _plan(self, request: GenerationRequest) -> _Plan:
+        items = request.conversation.reversed_items()
+        last = next(items, None)
+        functions = request.tools.functions()
+        scenario = self.config.scenario
+        if scenario is not None:
+            return self._scenario_plan(request, scenario, functions)
+        if isinstance(last, FunctionCallOutput):
+            output = last.output if isinstance(last.output, str) else text_of(last.output)
+            lines = [line.strip() for line in output.splitlines() if line.strip()]
+            quoted = lines[-1] if lines else "(no output)"
+            return _Plan(text=f"The command finished. Last line of its output: {quoted}")
+        if isinstance(last, Message) and last.role == "user":
+            text = text_of(last.content)
+            match = _BACKTICKS.search(text)
+            tool = _shell_tool(functions)
+            if match and tool is not None:
+                namespace, function, argument, as_list = tool
+                command = match.group(1).strip()
+                value: object = ["bash", "-lc", command] if as_list else command
+                return _Plan(call=function, namespace=namespace, arguments=json.dumps({argument: value}))
+            return _Plan(text=_answer(text, self.config.answer_tokens))
+        return _Plan(text=_answer("", self.config.answer_tokens))
+
+    def _scenario_plan(
+        self, request: GenerationRequest, scenario: Scenario, functions: list[tuple[str | None, FunctionTool]]
+    ) -> _Plan:
+        calls_done = 0
+        for item in request.conversation.reversed_items():
+            if isinstance(item, FunctionCallOutput):
+                calls_done += 1
+            elif isinstance(item, Message) and item.role == "user":
+                break
+        if calls_done < scenario.tool_calls and functions:
+            namespace, function = functions[0]
+            payload = (_FILLER * (1 + scenario.argument_tokens // 20))[: scenario.argument_tokens * 4]
+            return _Plan(call=function, namespace=namespace, arguments=json.dumps({"step": calls_done + 1, "note": payload}))
+        return _Plan(text=(_FILLER * (1 + scenario.answer_tokens // 20))[: scenario.answer_tokens * 4])
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    text: str = ""
+    call: FunctionTool | None = None
+    namespace: str | None = None
+    arguments: str = ""
+
+
+def _shell_tool(
+    functions: list[tuple[str | None, FunctionTool]],
+) -> tuple[str | None, FunctionTool, str, bool] | None:
+    """Find a tool that runs shell commands: (namespace, tool, argument name, takes a list)."""
+    best: tuple[str | None, FunctionTool, str, bool] | None = None
+    for namespace, tool in functions:
+        props = (tool.parameters or {}).get("properties", {})
+        if not isinstance(props, dict):
+            continue
+        for argument in ("cmd", "command"):
+            spec = props.get(argument)
+            if not isinstance(spec, dict):
+                continue
+            as_list = spec.get("type") == "array"
+            if spec.get("type") in ("string", "array"):
+                candidate = (namespace, tool, argument, as_list)
+                if tool.name in ("exec_command", "shell"):
+                    return candidate
+                best = best or candidate
+    return best
+
+
+def _answer(prompt_text: str, tokens: int) -> str:
+    snippet = " ".join(prompt_text.split())[:80]
+    head = f"Simulated answer to: {snippet}. " if snippet else "Simulated answer. "
+    body = (_FILLER * (1 + tokens // 20))[: max(0, tokens * 4 - len(head))]
+    return (head + body).strip()

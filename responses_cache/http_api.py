@@ -1,0 +1,187 @@
+"""The HTTP Responses API: ``POST /v1/responses`` (JSON or SSE), ``GET``/``DELETE
+/v1/responses/{id}`` and ``GET /v1/models``, as Starlette routes over :class:`ResponsesService`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response as HTTPResponse
+from starlette.responses import StreamingResponse
+from starlette.routing import Route as HTTPRoute
+
+from .auth import Authenticator
+from .protocol import events as ev
+from .protocol.codec import encode
+from .protocol.errors import HTTPErrorBody, ResponsesError, invalid_request
+from .protocol.request import decode_create
+from .service import ResponsesService
+
+_DONE = object()
+
+
+def error_response(error: ResponsesError) -> HTTPResponse:
+    return HTTPResponse(encode(HTTPErrorBody(error.payload)), status_code=error.status, media_type="application/json")
+
+
+def json_response(payload: object, status: int = 200) -> HTTPResponse:
+    return HTTPResponse(encode(payload), status_code=status, media_type="application/json")
+
+
+class HTTPApi:
+    def __init__(self, service: ResponsesService, authenticator: Authenticator, *, max_body_bytes: int) -> None:
+        self.service = service
+        self.authenticator = authenticator
+        self.max_body_bytes = max_body_bytes
+
+    def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
+        return [
+            HTTPRoute(f"{prefix}/responses", self.create, methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}", self.retrieve, methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}", self.delete, methods=["DELETE"]),
+            HTTPRoute(f"{prefix}/models", self.models, methods=["GET"]),
+        ]
+
+    async def _tenant(self, request: Request) -> str:
+        tenant = await self.authenticator.authenticate(request.headers)
+        if tenant is None:
+            raise ResponsesError(
+                "Incorrect API key provided.", status=401, code="invalid_api_key", type="invalid_request_error"
+            )
+        return tenant
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise _too_large(self.max_body_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _too_large(self.max_body_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def create(self, request: Request) -> HTTPResponse:
+        try:
+            tenant = await self._tenant(request)
+            body = decode_create(await self._body(request))
+            if body.stream_id is not None:
+                raise invalid_request("The 'stream_id' parameter is only supported over WebSocket.", "stream_id", "unsupported_parameter")
+            if body.background:
+                raise invalid_request("Background mode is not supported by this server.", "background", "unsupported_parameter")
+            if not body.generate:
+                raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
+            turn = self.service.prepare(body, tenant, "http")
+            parent = None
+            if body.previous_response_id is not None:
+                parent = await self.service.hydrate(tenant, body.previous_response_id)
+                if parent is None:
+                    from .protocol.errors import previous_response_not_found
+
+                    raise previous_response_not_found(body.previous_response_id)
+            route = self.service.router.resolve(turn.model, tenant)
+        except ResponsesError as exc:
+            return error_response(exc)
+        except ClientDisconnect:
+            return HTTPResponse(status_code=499)
+
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def emit(event: ev.Event) -> None:
+            if body.stream:
+                await queue.put(event)
+
+        async def run() -> object:
+            try:
+                return await self.service.pipeline.run(turn, parent, route, emit)
+            finally:
+                await queue.put(_DONE)
+
+        task = asyncio.ensure_future(run())
+        if not body.stream:
+            try:
+                state = await task
+            except ResponsesError as exc:
+                return error_response(exc)
+            return json_response(state.response)  # type: ignore[attr-defined]
+
+        first = await queue.get()
+        if first is _DONE:  # failed before response.created: a plain JSON error
+            try:
+                await task
+            except ResponsesError as exc:
+                return error_response(exc)
+            return error_response(ResponsesError("No events were produced.", status=500, type="server_error"))
+
+        async def sse() -> AsyncIterator[bytes]:
+            try:
+                item = first
+                while item is not _DONE:
+                    assert isinstance(item, ev.Event)
+                    yield b"event: " + _type_of(item) + b"\ndata: " + encode(item) + b"\n\n"
+                    item = await queue.get()
+                await task
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    async def retrieve(self, request: Request) -> HTTPResponse:
+        try:
+            tenant = await self._tenant(request)
+            stored = await self._stored(tenant, request.path_params["response_id"])
+        except ResponsesError as exc:
+            return error_response(exc)
+        return json_response(stored.response)
+
+    async def delete(self, request: Request) -> HTTPResponse:
+        try:
+            tenant = await self._tenant(request)
+            response_id = request.path_params["response_id"]
+            await self._stored(tenant, response_id)
+            assert self.service.store is not None
+            await self.service.store.delete(tenant, response_id)
+        except ResponsesError as exc:
+            return error_response(exc)
+        return json_response({"id": response_id, "object": "response", "deleted": True})
+
+    async def _stored(self, tenant: str, response_id: str):  # type: ignore[no-untyped-def]
+        stored = await self.service.store.get(tenant, response_id) if self.service.store else None
+        if stored is None:
+            raise ResponsesError(
+                f"Response with id '{response_id}' not found.", status=404, code="response_not_found", param="response_id"
+            )
+        return stored
+
+    async def models(self, request: Request) -> HTTPResponse:
+        try:
+            await self._tenant(request)
+        except ResponsesError as exc:
+            return error_response(exc)
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "responses-cache"} for m in self.service.router.models()]
+        return json_response({"object": "list", "data": data})
+
+
+_TYPE_CACHE: dict[type, bytes] = {}
+
+
+def _type_of(event: ev.Event) -> bytes:
+    cls = type(event)
+    tag = _TYPE_CACHE.get(cls)
+    if tag is None:
+        tag = str(cls.__struct_config__.tag).encode()
+        _TYPE_CACHE[cls] = tag
+    return tag
+
+
+def _too_large(limit: int) -> ResponsesError:
+    return ResponsesError(
+        f"The request body is larger than the limit of {limit} bytes.", status=413, code="request_too_large"
+    )

@@ -1,0 +1,136 @@
+"""The *generate* stage: stream a backend's events out as Responses output items and events.
+
+:class:`OutputBuilder` is the one place that knows the streaming event grammar: which item is
+open, when ``output_item.added``/``content_part.added`` go out, and how an item is closed. It
+numbers events per response (``sequence_number`` from 0) and stamps the lane's ``stream_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from ..backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from ..ids import new_id
+from ..protocol import events as ev
+from ..protocol.items import FunctionCall, Item, Message, OutputText, Reasoning, ReasoningText
+
+Emit = Callable[[ev.Event], Awaitable[None]]
+
+
+class OutputBuilder:
+    def __init__(self, emit: Emit, stream_id: str | None) -> None:
+        self._emit = emit
+        self._stream_id = stream_id
+        self._seq = 0
+        self.output: list[Item] = []
+        self.sampled: list[int] | None = []
+        self.output_tokens = 0
+        self.reasoning_tokens = 0
+        self._kind: Literal["message", "function_call", "reasoning"] | None = None
+        self._item_id = ""
+        self._buffer: list[str] = []
+        self._call: ToolCallStart | None = None
+        self._call_id = ""
+
+    async def send(self, event: ev.Event) -> None:
+        event.sequence_number = self._seq
+        event.stream_id = self._stream_id
+        self._seq += 1
+        await self._emit(event)
+
+    @property
+    def index(self) -> int:
+        return len(self.output)
+
+    async def feed(self, event: TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta) -> None:
+        if isinstance(event, ToolCallStart):
+            await self.close()
+            await self._open_call(event)
+            return
+        if isinstance(event, TextDelta):
+            if self._kind != "message":
+                await self.close()
+                await self._open_message()
+            self._count(event.token_ids, reasoning=False)
+            self._buffer.append(event.text)
+            await self.send(
+                ev.OutputTextDelta(item_id=self._item_id, output_index=self.index, content_index=0, delta=event.text)
+            )
+        elif isinstance(event, ReasoningDelta):
+            if self._kind != "reasoning":
+                await self.close()
+                await self._open_reasoning()
+            self._count(event.token_ids, reasoning=True)
+            self._buffer.append(event.text)
+            await self.send(
+                ev.ReasoningTextDelta(item_id=self._item_id, output_index=self.index, content_index=0, delta=event.text)
+            )
+        else:
+            if self._kind != "function_call":
+                raise ValueError("backend sent function-call arguments before a ToolCallStart")
+            self._count(event.token_ids, reasoning=False)
+            self._buffer.append(event.arguments)
+            await self.send(
+                ev.FunctionCallArgumentsDelta(item_id=self._item_id, output_index=self.index, delta=event.arguments)
+            )
+
+    def _count(self, token_ids: object, *, reasoning: bool) -> None:
+        ids = list(token_ids) if token_ids else []
+        n = len(ids) or 1
+        self.output_tokens += n
+        if reasoning:
+            self.reasoning_tokens += n
+        if self.sampled is not None:
+            if ids:
+                self.sampled.extend(ids)
+            else:
+                self.sampled = None  # some text came without ids: render the output instead
+
+    async def _open_message(self) -> None:
+        self._kind, self._item_id, self._buffer = "message", new_id("msg"), []
+        item = Message(role="assistant", content=[], id=self._item_id, status="in_progress")
+        await self.send(ev.OutputItemAdded(output_index=self.index, item=item))
+        await self.send(
+            ev.ContentPartAdded(item_id=self._item_id, output_index=self.index, content_index=0, part=OutputText(text=""))
+        )
+
+    async def _open_reasoning(self) -> None:
+        self._kind, self._item_id, self._buffer = "reasoning", new_id("rs"), []
+        await self.send(ev.OutputItemAdded(output_index=self.index, item=Reasoning(summary=[], id=self._item_id)))
+
+    async def _open_call(self, start: ToolCallStart) -> None:
+        self._kind, self._item_id, self._buffer = "function_call", new_id("fc"), []
+        self._call, self._call_id = start, start.call_id or new_id("call")
+        item = FunctionCall(
+            call_id=self._call_id, name=start.name, arguments="", id=self._item_id, status="in_progress",
+            namespace=start.namespace,
+        )
+        await self.send(ev.OutputItemAdded(output_index=self.index, item=item))
+
+    async def close(self, status: Literal["completed", "incomplete"] = "completed") -> None:
+        """Close the open item (if any) and emit its ``.done`` events."""
+        kind, text, index, item_id = self._kind, "".join(self._buffer), self.index, self._item_id
+        if kind is None:
+            return
+        self._kind, self._buffer = None, []
+        item: Item
+        if kind == "message":
+            part = OutputText(text=text)
+            await self.send(ev.OutputTextDone(item_id=item_id, output_index=index, content_index=0, text=text))
+            await self.send(ev.ContentPartDone(item_id=item_id, output_index=index, content_index=0, part=part))
+            item = Message(role="assistant", content=[part], id=item_id, status=status)
+        elif kind == "reasoning":
+            await self.send(ev.ReasoningTextDone(item_id=item_id, output_index=index, content_index=0, text=text))
+            item = Reasoning(summary=[], id=item_id, content=[ReasoningText(text=text)], status=status)
+        else:
+            assert self._call is not None
+            await self.send(
+                ev.FunctionCallArgumentsDone(item_id=item_id, output_index=index, name=self._call.name, arguments=text)
+            )
+            item = FunctionCall(
+                call_id=self._call_id, name=self._call.name, arguments=text, id=item_id, status=status,
+                namespace=self._call.namespace,
+            )
+        self.output.append(item)
+        await self.send(ev.OutputItemDone(output_index=index, item=item))

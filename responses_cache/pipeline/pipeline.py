@@ -1,0 +1,310 @@
+"""The pipeline: validate → safety → route → render → generate → finalize → billing.
+
+:meth:`Pipeline.run` executes one turn against its parent state. It knows nothing about sockets:
+events go out through the ``emit`` callable, and the result is the child
+:class:`~responses_cache.state.ResponseState`. A failure before ``response.created`` raises
+:class:`~responses_cache.protocol.errors.ResponsesError`; a failure after it ends the response
+with ``response.failed`` (the returned state then has status ``failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from ..backends.base import BackendError, Finish, GenerationRequest, Prompt
+from ..billing.record import UsageRecord
+from ..conversation import EMPTY, Conversation
+from ..metrics import Metrics, NullMetrics
+from ..protocol import events as ev
+from ..protocol.items import Item
+from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..routing import Route
+from ..state import ResponseState, open_calls_after
+from ..store import ResponseStore, StoredResponse
+from .generate import Emit, OutputBuilder
+from .hooks import Flag, HookContext, HookRunner
+from .render import Rendered, extend_with_output, render
+from .turn import Turn
+from .validate import Validator
+
+logger = logging.getLogger("responses_cache.pipeline")
+
+
+class UsageSubmitter(Protocol):
+    def submit(self, record: UsageRecord) -> None: ...
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        store: ResponseStore | None = None,
+        hooks: HookRunner | None = None,
+        validator: Validator | None = None,
+        billing: UsageSubmitter | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.hooks = hooks or HookRunner()
+        self.validator = validator or Validator()
+        self.billing = billing
+        self.metrics = metrics or NullMetrics()
+        self.clock = clock
+
+    async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
+        request = turn.request
+        timings = turn.timings
+        t0 = time.perf_counter()
+        ctx = HookContext(turn.tenant, turn.model, turn.response_id, turn.lane, turn.transport)
+
+        # validate: only the new items, against the calls the parent left open.
+        open_calls = self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
+        # safety (blocking hooks): only the new items plus each hook's carried state.
+        items, hook_state = await self.hooks.run_before(ctx, turn.items, parent.hook_state if parent else {})
+        t1 = time.perf_counter()
+        timings["validate"] = t1 - t0
+
+        context = parent.conversation if parent else EMPTY
+        rendered: Rendered | None = None
+        if route.renderer is not None:
+            rendered = render(
+                route.renderer, parent, context, items, request.instructions, turn.tools,
+                context_window=route.context_window,
+            )
+        t2 = time.perf_counter()
+        timings["render"] = t2 - t1
+
+        input_context = context.extend(items)
+        out = OutputBuilder(emit, turn.lane)
+        response = self._response(turn, status="in_progress", output=[])
+        await out.send(ev.ResponseCreated(response=response))
+        await out.send(ev.ResponseInProgress(response=response))
+
+        status: Any = "completed"
+        error: ResponseErrorInfo | None = None
+        incomplete: IncompleteDetails | None = None
+        late_flag: Flag | None = None
+        alongside_state: dict[str, Any] = {}
+        engine_usage = None
+        try:
+            if request.generate:
+                generation = GenerationRequest(
+                    response_id=turn.response_id,
+                    model=turn.model,
+                    instructions=request.instructions,
+                    tools=turn.tools,
+                    conversation=input_context,
+                    prompt=Prompt(rendered.log, route.renderer) if rendered and route.renderer else None,
+                    affinity_key=f"{turn.tenant}/{turn.lane or ''}/{route.replica_for(turn.tenant + (turn.lane or ''))}",
+                    max_output_tokens=request.max_output_tokens,
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    tool_choice=request.tool_choice,
+                    parallel_tool_calls=request.parallel_tool_calls,
+                    reasoning=request.reasoning,
+                    metadata=request.metadata or {},
+                )
+                late_flag, alongside_state, finish = await self._generate(route, generation, out, ctx, items, parent)
+                engine_usage = finish.usage if finish else None
+                if late_flag is not None:
+                    await out.close("incomplete")
+                    if self.hooks.late_flag == "failed":
+                        status, error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
+                    else:
+                        status, incomplete = "incomplete", IncompleteDetails("content_filter")
+                elif finish is not None and finish.reason in ("length", "content_filter"):
+                    await out.close("incomplete")
+                    status, incomplete = "incomplete", IncompleteDetails(
+                        "max_output_tokens" if finish.reason == "length" else "content_filter"
+                    )
+                else:
+                    await out.close()
+        except asyncio.CancelledError:
+            self._bill(turn, route, rendered, out, "cancelled", engine_usage)
+            self.metrics.inc("responses_cancelled_total")
+            raise
+        except Exception as exc:
+            if isinstance(exc, BackendError):
+                code, message = exc.code, str(exc)
+            else:
+                logger.exception("generation failed for %s", turn.response_id)
+                code, message = "server_error", "The server had an error while processing your request."
+            status, error = "failed", ResponseErrorInfo(code, message)
+        timings["generate"] = time.perf_counter() - t2
+
+        # finalize: the child state shares everything it can with its parent.
+        t3 = time.perf_counter()
+        usage = self._usage(rendered, out, engine_usage)
+        final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
+        log = None
+        if rendered is not None and route.renderer is not None and status != "failed":
+            log = extend_with_output(route.renderer, rendered.log, out.output, out.sampled or None)
+        own_items: list[Item] = [*items, *out.output]
+        state = ResponseState(
+            response=final,
+            tenant=turn.tenant,
+            lane=turn.lane,
+            conversation=input_context.extend(out.output),
+            instructions=request.instructions,
+            tools=turn.tools,
+            fingerprint=rendered.fingerprint if rendered else None,
+            token_log=log,
+            route=route,
+            open_calls=open_calls_after(open_calls, out.output),
+            hook_state={**hook_state, **alongside_state},
+            total_bytes=(parent.total_bytes if parent else 0) + sum(len(msgspec.json.encode(i)) for i in own_items),
+        )
+        if request.store and self.store is not None and status != "failed":
+            await self.store.put(
+                StoredResponse(turn.tenant, final, tuple(items), request.instructions, bytes(request.tools) or b"[]")
+            )
+        timings["finalize"] = time.perf_counter() - t3
+        terminal: ev.Event
+        if status == "completed":
+            terminal = ev.ResponseCompleted(response=final)
+        elif status == "incomplete":
+            terminal = ev.ResponseIncomplete(response=final)
+        else:
+            terminal = ev.ResponseFailed(response=final)
+        self._bill(turn, route, rendered, out, status, engine_usage)
+        await out.send(terminal)
+        self._observe(turn, rendered, status)
+        return state
+
+    async def _generate(
+        self,
+        route: Route,
+        generation: GenerationRequest,
+        out: OutputBuilder,
+        ctx: HookContext,
+        items: list[Item],
+        parent: ResponseState | None,
+    ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
+        """Stream the backend; alongside hooks run concurrently and a flag stops generation."""
+        hooks = self.hooks
+        watcher: asyncio.Task[tuple[Flag | None, dict[str, Any]]] | None = None
+        if hooks.alongside:
+            watcher = asyncio.ensure_future(hooks.run_alongside(ctx, items, parent.hook_state if parent else {}))
+        finish: Finish | None = None
+        stream = route.backend.generate(generation)
+        try:
+            async for event in stream:
+                if watcher is not None and watcher.done():
+                    flag, states = watcher.result()
+                    if flag is not None:
+                        return flag, states, finish
+                if isinstance(event, Finish):
+                    finish = event
+                    break
+                await out.feed(event)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if watcher is not None and not watcher.done() and finish is None:
+                watcher.cancel()
+        if watcher is not None:
+            flag, states = await watcher
+            return flag, states, finish
+        return None, {}, finish
+
+    def _usage(self, rendered: Rendered | None, out: OutputBuilder, engine: Any) -> Usage:
+        prompt = rendered.log.num_tokens if rendered else (engine.prompt_tokens or 0 if engine else 0)
+        cached = rendered.cached_tokens if rendered else (engine.cached_tokens or 0 if engine else 0)
+        output = out.output_tokens
+        if engine is not None and engine.output_tokens is not None:
+            output = engine.output_tokens
+        return Usage.of(prompt, cached, output, out.reasoning_tokens)
+
+    def _response(
+        self,
+        turn: Turn,
+        *,
+        status: Any,
+        output: list[Item],
+        usage: Usage | None = None,
+        error: ResponseErrorInfo | None = None,
+        incomplete: IncompleteDetails | None = None,
+    ) -> Response:
+        r = turn.request
+        tools = bytes(r.tools)
+        return Response(
+            id=turn.response_id,
+            created_at=int(turn.created_at),
+            status=status,
+            model=turn.model,
+            output=list(output),
+            tools=r.tools if tools and tools != b"null" else [],
+            tool_choice=r.tool_choice,
+            parallel_tool_calls=r.parallel_tool_calls,
+            instructions=r.instructions,
+            error=error,
+            incomplete_details=incomplete,
+            metadata=r.metadata or {},
+            temperature=r.temperature,
+            top_p=r.top_p,
+            previous_response_id=r.previous_response_id,
+            store=r.store,
+            completed_at=int(self.clock()) if status == "completed" else None,
+            max_output_tokens=r.max_output_tokens,
+            max_tool_calls=r.max_tool_calls,
+            reasoning=r.reasoning,
+            text=r.text or {"format": {"type": "text"}},
+            truncation=r.truncation or "disabled",
+            service_tier=r.service_tier or "default",
+            top_logprobs=r.top_logprobs or 0,
+            prompt_cache_key=r.prompt_cache_key,
+            safety_identifier=r.safety_identifier,
+            user=r.user,
+            usage=usage,
+        )
+
+    def _bill(
+        self, turn: Turn, route: Route, rendered: Rendered | None, out: OutputBuilder, status: str, engine: Any
+    ) -> None:
+        if self.billing is None:
+            return
+        usage = self._usage(rendered, out, engine)
+        try:
+            self.billing.submit(
+                UsageRecord(
+                    response_id=turn.response_id,
+                    tenant=turn.tenant,
+                    model=turn.model,
+                    route=route.name,
+                    status=status,  # type: ignore[arg-type]
+                    input_tokens=usage.input_tokens,
+                    cached_tokens=usage.input_tokens_details.cached_tokens,
+                    output_tokens=usage.output_tokens,
+                    reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+                    created_at=turn.created_at,
+                    finished_at=self.clock(),
+                    transport=turn.transport,
+                    previous_response_id=turn.request.previous_response_id,
+                )
+            )
+        except Exception:  # billing must never break a turn; the biller spills what it can
+            logger.exception("could not submit the usage record of %s", turn.response_id)
+
+    def _observe(self, turn: Turn, rendered: Rendered | None, status: str) -> None:
+        m = self.metrics
+        labels = {"transport": turn.transport}
+        m.inc(f"responses_{status}_total", labels)
+        if not turn.request.generate:
+            m.inc("warmups_total", labels)
+        if rendered is not None:
+            m.inc("cached_tokens_total", labels, rendered.cached_tokens)
+            m.inc("render_incremental_total" if rendered.incremental else "render_full_total", labels)
+        for stage, seconds in turn.timings.items():
+            m.observe("stage_seconds", seconds, {**labels, "stage": stage})
+
+
+def conversation_of(state: ResponseState | None) -> Conversation:
+    return state.conversation if state else EMPTY

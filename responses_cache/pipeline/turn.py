@@ -1,0 +1,34 @@
+"""A turn: one decoded create request on its way through the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..protocol.items import Item
+from ..protocol.request import CreateResponse
+from ..protocol.tools import ToolSet
+
+Transport = Literal["http", "websocket"]
+
+
+@dataclass(slots=True)
+class Turn:
+    request: CreateResponse
+    #: The new input items of this turn only (decoded once, never re-decoded).
+    items: list[Item]
+    tools: ToolSet
+    tenant: str
+    transport: Transport
+    lane: str | None = None
+    response_id: str = ""
+    created_at: float = 0.0
+    #: Set when a full-input request was matched against a cached conversation: the number of
+    #: leading input items that were already in the cached state.
+    reused_items: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        assert self.request.model is not None
+        return self.request.model

@@ -1,0 +1,1 @@
+"""Wire types of the Responses API (msgspec Structs) and their codecs."""

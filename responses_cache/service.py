@@ -1,0 +1,74 @@
+"""What the HTTP routes and the WebSocket session share: turning a request into a :class:`Turn`,
+and resolving ``previous_response_id`` from the durable store (hydration)."""
+
+from __future__ import annotations
+
+import time
+
+from .conversation import EMPTY
+from .ids import new_id
+from .pipeline.pipeline import Pipeline
+from .pipeline.turn import Transport, Turn
+from .protocol.errors import invalid_request
+from .protocol.request import CreateResponse, decode_input
+from .protocol.tools import parse_tools
+from .routing import Router
+from .state import ResponseState, open_calls_after
+from .store import ResponseStore, load_chain
+
+
+class ResponsesService:
+    def __init__(self, router: Router, pipeline: Pipeline, store: ResponseStore | None) -> None:
+        self.router = router
+        self.pipeline = pipeline
+        self.store = store
+        self.hydrations = 0
+
+    def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
+        """Decode a request's input and tools (new items only) and give the turn its id."""
+        if request.conversation is not None:
+            raise invalid_request(
+                "The 'conversation' parameter is not supported by this server; use previous_response_id.",
+                "conversation",
+                "unsupported_parameter",
+            )
+        if request.conversation is not None and request.previous_response_id is not None:
+            raise invalid_request("Cannot combine 'conversation' and 'previous_response_id'.", "conversation")
+        return Turn(
+            request=request,
+            items=decode_input(request.input),
+            tools=parse_tools(request.tools),
+            tenant=tenant,
+            transport=transport,
+            lane=lane,
+            response_id=new_id("resp"),
+            created_at=time.time(),
+        )
+
+    async def hydrate(self, tenant: str, response_id: str) -> ResponseState | None:
+        """Rebuild a state from the durable store (no token log: the next render is a full one)."""
+        if self.store is None:
+            return None
+        chain = await load_chain(self.store, tenant, response_id)
+        if chain is None:
+            return None
+        self.hydrations += 1
+        conversation = EMPTY
+        open_calls: dict[str, str] = {}
+        for stored in chain:
+            own = [*stored.input_items, *stored.response.output]
+            conversation = conversation.extend(own)
+            open_calls = open_calls_after(open_calls, own)
+        last = chain[-1]
+        return ResponseState(
+            response=last.response,
+            tenant=tenant,
+            lane=None,
+            conversation=conversation,
+            instructions=last.instructions,
+            tools=parse_tools(last.tools_json),
+            fingerprint=None,
+            token_log=None,
+            route=None,
+            open_calls=open_calls,
+        )

@@ -1,0 +1,59 @@
+"""What a continuation needs from the response it continues: :class:`ResponseState`.
+
+A state is immutable once its response has finished. A child shares its parent's conversation
+nodes and token-log segments, so a fork or a continuation never copies the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .conversation import Conversation
+from .protocol.items import FunctionCall, FunctionCallOutput, Item
+from .protocol.response import Response
+from .protocol.tools import ToolSet
+
+if TYPE_CHECKING:
+    from .routing import Route
+    from .tokens import TokenLog
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    response: Response
+    tenant: str
+    lane: str | None
+    conversation: Conversation
+    instructions: str | None
+    tools: ToolSet
+    #: Renderer fingerprint (template, encoding, instructions, tools) the token log was built with.
+    fingerprint: bytes | None
+    token_log: TokenLog | None
+    route: Route | None
+    #: Calls left open by this response's output (``call_id`` → name), for validating outputs.
+    open_calls: Mapping[str, str] = field(default_factory=dict)
+    #: State each validation/safety hook carried forward, by hook name.
+    hook_state: Mapping[str, Any] = field(default_factory=dict)
+    #: Approximate bytes of the items of the whole conversation (for cache budgets).
+    total_bytes: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.response.id
+
+    @property
+    def store(self) -> bool:
+        return self.response.store
+
+
+def open_calls_after(previous: Mapping[str, str], items: tuple[Item, ...] | list[Item]) -> dict[str, str]:
+    """Calls still unanswered after ``items`` (O(len(items)), carried from the parent)."""
+    calls = dict(previous)
+    for item in items:
+        if isinstance(item, FunctionCall):
+            calls[item.call_id] = item.name
+        elif isinstance(item, FunctionCallOutput):
+            calls.pop(item.call_id, None)
+    return calls

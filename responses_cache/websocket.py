@@ -1,0 +1,224 @@
+"""``WebSocketMode``: the thin ASGI edge that gives a Responses app its WebSocket mode.
+
+It intercepts WebSocket upgrades on the configured paths and passes everything else (HTTP,
+lifespan, other WebSocket paths) through untouched. Each connection runs three kinds of task:
+
+* the **reader** (this coroutine) feeds frames to the sans-I/O :class:`~.session.Session` and never
+  waits on generation;
+* one **turn task** per response, started when the session says its lane is free;
+* one **writer** draining a bounded outbound queue to the socket.
+
+A disconnect cancels every in-flight turn (the backend sees the cancellation) and frees the
+connection's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from starlette.responses import Response as HTTPResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from .auth import AllowAll, Authenticator
+from .metrics import Metrics, NullMetrics
+from .protocol import events as ev
+from .protocol.codec import encode
+from .protocol.errors import HTTPErrorBody, ResponsesError, previous_response_not_found, server_error
+from .routing import RouteCache
+from .service import ResponsesService
+from .session import PendingTurn, Session, SessionConfig
+from .state import ResponseState
+
+logger = logging.getLogger("responses_cache.websocket")
+
+
+class WebSocketMode:
+    """ASGI middleware: ``WebSocketMode(app, service=..., paths=("/v1/responses",))``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        service: ResponsesService,
+        paths: Sequence[str] = ("/v1/responses",),
+        authenticator: Authenticator | None = None,
+        config: SessionConfig | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        outbound_queue: int = 1024,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.app = app
+        self.service = service
+        self.paths = frozenset(p.rstrip("/") for p in paths)
+        self.authenticator = authenticator or AllowAll()
+        self.config = config or SessionConfig()
+        self.max_message_bytes = max_message_bytes
+        self.outbound_queue = outbound_queue
+        self.metrics = metrics or NullMetrics()
+        self.connections = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket" or self._path(scope) not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        websocket = WebSocket(scope, receive, send)
+        tenant = await self.authenticator.authenticate(websocket.headers)
+        if tenant is None:
+            body = HTTPErrorBody(
+                ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key").payload
+            )
+            await websocket.send_denial_response(
+                HTTPResponse(encode(body), status_code=401, media_type="application/json")
+            )
+            return
+        await websocket.accept()
+        connection = _Connection(self, websocket, tenant)
+        self.connections += 1
+        try:
+            await connection.run()
+        finally:
+            self.connections -= 1
+
+    @staticmethod
+    def _path(scope: Scope) -> str:
+        path: str = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        return path.rstrip("/")
+
+
+class _Connection:
+    def __init__(self, mode: WebSocketMode, websocket: WebSocket, tenant: str) -> None:
+        self.mode = mode
+        self.ws = websocket
+        self.service = mode.service
+        self.session = Session(tenant, mode.config, now=time.monotonic())
+        self.routes = RouteCache(self.service.router, tenant)
+        self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=mode.outbound_queue)
+        self.turns: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    async def run(self) -> None:
+        writer = asyncio.ensure_future(self._writer())
+        timer = asyncio.get_running_loop().call_at(
+            asyncio.get_running_loop().time() + self.mode.config.lifetime_s, self._tick
+        )
+        close_code = 1000
+        try:
+            while True:
+                message = await self.ws.receive()
+                kind = message["type"]
+                if kind == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    close_code = 1003  # binary frames are not part of the protocol
+                    break
+                if len(text) > self.mode.max_message_bytes:
+                    close_code = 1009
+                    break
+                self.session.receive(text)
+                await self._pump()
+                if self.session.close_code is not None:
+                    break
+        finally:
+            timer.cancel()
+            self.closed = True
+            for task in list(self.turns):
+                task.cancel()
+            for task in list(self.turns):
+                with contextlib.suppress(BaseException):
+                    await task
+            self.session.close()
+            if self.session.close_code is not None:
+                close_code = self.session.close_code
+            await self.outbound.put(None)
+            with contextlib.suppress(BaseException):
+                await writer
+            with contextlib.suppress(Exception):
+                await self.ws.close(close_code)
+
+    def _tick(self) -> None:
+        self.session.tick(time.monotonic() + 1e-3)
+        asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        """Send the session's errors, start what may start, and close when the session says so."""
+        for event in self.session.drain():
+            await self._send(event)
+        for pending in self.session.startable():
+            task = asyncio.ensure_future(self._turn(pending))
+            self.turns.add(task)
+            task.add_done_callback(self.turns.discard)
+        if self.session.close_code is not None and not self.closed:
+            await self.outbound.put(None)
+
+    async def _send(self, event: ev.Event) -> None:
+        if not self.closed:
+            await self.outbound.put(encode(event))
+
+    async def _writer(self) -> None:
+        while True:
+            data = await self.outbound.get()
+            if data is None:
+                if self.session.close_code is not None and not self.closed:
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(self.session.close_code)
+                return
+            try:
+                await self.ws.send_text(data.decode())
+            except Exception:  # the peer went away; the reader sees the disconnect
+                return
+
+    async def _turn(self, pending: PendingTurn) -> None:
+        state: ResponseState | None = None
+        started = time.perf_counter()
+        try:
+            state = await self._run(pending)
+        except ResponsesError as exc:
+            self.session.error(exc, pending.lane)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("turn failed")
+            self.session.error(server_error(), pending.lane)
+        finally:
+            if not self.closed:
+                self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
+                self.session.finished(pending, state)
+                self.session.tick(time.monotonic())
+                await self._pump()
+
+    async def _run(self, pending: PendingTurn) -> ResponseState:
+        service, session, metrics = self.service, self.session, self.mode.metrics
+        labels = {"transport": "websocket"}
+        turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
+        parent = session.resolve(pending)
+        wanted = pending.request.previous_response_id
+        if wanted is not None:
+            metrics.inc("incremental_sends_total", labels)
+            if parent is not None:
+                metrics.inc("cache_hits_total", labels)
+            else:
+                metrics.inc("cache_misses_total", labels)
+                if pending.request.store:
+                    parent = await service.hydrate(session.tenant, wanted)
+                if parent is None:
+                    metrics.inc("previous_response_not_found_total", labels)
+                    raise previous_response_not_found(wanted)
+        else:
+            metrics.inc("full_sends_total", labels)
+            match = session.match_full_input(pending, turn.items, turn.tools.fingerprint)
+            if match is not None:
+                parent, reused = match
+                turn.items = turn.items[reused:]
+                turn.reused_items = reused
+                metrics.inc("full_input_reuse_total", labels)
+        route = self.routes.get(turn.model)
+        return await service.pipeline.run(turn, parent, route, self._send)
