@@ -350,6 +350,7 @@ class Biller:
                     await self._pass(force=stopping or bool(waiters))
                 except Exception:
                     logger.exception("billing worker pass failed")
+                    self._rescue_in_flight()
                     if stopping:
                         break
                     self._enter_degraded()
@@ -409,14 +410,14 @@ class Biller:
             if not batch:
                 break
             remaining -= len(batch)
+            # Until it is delivered or persisted, the batch exists only here: _run rescues it
+            # if this pass fails or is cancelled.
             self._in_flight = batch
-            try:
-                if bypass or not await self._deliver(batch):
-                    await self._persist(batch)
-                    if not bypass:
-                        self._enter_degraded()
-            finally:
-                self._in_flight = ()
+            if bypass or not await self._deliver(batch):
+                await self._persist(batch)
+                if not bypass:
+                    self._enter_degraded()
+            self._in_flight = ()
 
     async def _replay_backlog(self) -> None:
         """Deliver spilled, then overflowed, records oldest first; stop at the first failure.
@@ -503,7 +504,7 @@ class Biller:
         assert self._loop is not None
         delay = self._retry_delay if self._degraded else self._retry_interval
         if not self._degraded:
-            logger.warning("billing sink is failing; spilling records and retrying in %.2fs", delay)
+            logger.warning("billing sink is failing; spilling records and retrying in %.3gs", delay)
         self._degraded = True
         self._retry_at = self._loop.time() + delay * random.uniform(0.5, 1.0)
         self._retry_delay = min(delay * 2, self._max_retry_interval)
@@ -513,6 +514,11 @@ class Biller:
             logger.info("billing sink recovered")
         self._degraded = False
         self._retry_delay = self._retry_interval
+
+    def _rescue_in_flight(self) -> None:
+        records, self._in_flight = list(self._in_flight), ()
+        if records:
+            self._store(records)
 
     def _emergency_spill(self) -> None:
         """The worker was cancelled without stop(): persist in-flight and queued records now."""
@@ -527,6 +533,8 @@ class Biller:
                 len(records),
             )
             self._store(records)
+        if self._spill is not None:
+            self._spill.close()  # release the lock; later appends are one-shot
 
     # -- stop helpers ----------------------------------------------------------------------
 

@@ -232,7 +232,7 @@ _COLUMNS = (
 
 
 class SqliteSink:
-    """Store records in a SQLite table keyed by ``response_id`` (``INSERT OR IGNORE``).
+    """Store records in a SQLite table keyed by ``response_id``; a known id is ignored.
 
     The table (default ``usage_records``) is created if missing; one column per record field.
     The database runs in WAL mode so readers (reports, exporters) do not block the writer. Each
@@ -248,7 +248,11 @@ class SqliteSink:
         self._lock = asyncio.Lock()
         names = ", ".join(name for name, _ in _COLUMNS)
         marks = ", ".join("?" for _ in _COLUMNS)
-        self._insert = f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({marks})"
+        # Like INSERT OR IGNORE, but only a duplicate response_id is ignored: OR IGNORE would
+        # also silently skip rows that violate NOT NULL.
+        self._insert = (
+            f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT(response_id) DO NOTHING"
+        )
 
     async def write(self, records: Sequence[UsageRecord]) -> None:
         async with self._lock:
@@ -398,9 +402,9 @@ class WebhookSink:
         client = self._client
         body = encode_records(records)
         headers = {**self._headers, "Idempotency-Key": self.idempotency_key(records)}
-        backoff = tenacity.wait_exponential_jitter(
-            initial=self._backoff_initial, max=self._backoff_max, jitter=self._backoff_initial
-        )
+        backoff = tenacity.wait_exponential(
+            multiplier=self._backoff_initial, max=self._backoff_max
+        ) + tenacity.wait_random(0, self._backoff_initial)
 
         def wait(state: tenacity.RetryCallState) -> float:
             delay = float(backoff(state))

@@ -55,7 +55,7 @@ class OutputBuilder:
             self._count(event.token_ids, reasoning=False)
             self._buffer.append(event.text)
             await self.send(
-                ev.OutputTextDelta(item_id=self._item_id, output_index=self.index, content_index=0, delta=event.text)
+                ev.OutputTextDelta(item_id=self._item_id, output_index=self.index, content_index=0, delta=event.text, logprobs=[])
             )
         elif isinstance(event, ReasoningDelta):
             if self._kind != "reasoning":
@@ -117,7 +117,7 @@ class OutputBuilder:
         item: Item
         if kind == "message":
             part = OutputText(text=text)
-            await self.send(ev.OutputTextDone(item_id=item_id, output_index=index, content_index=0, text=text))
+            await self.send(ev.OutputTextDone(item_id=item_id, output_index=index, content_index=0, text=text, logprobs=[]))
             await self.send(ev.ContentPartDone(item_id=item_id, output_index=index, content_index=0, part=part))
             item = Message(role="assistant", content=[part], id=item_id, status=status)
         elif kind == "reasoning":

@@ -68,7 +68,7 @@ class OutputTextDelta(Event, tag="response.output_text.delta"):
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[object] = msgspec.field(default_factory=list)
+    logprobs: list[object]  # required on the wire, so no default (omit_defaults would drop [])
 
 
 class OutputTextDone(Event, tag="response.output_text.done"):
@@ -76,7 +76,7 @@ class OutputTextDone(Event, tag="response.output_text.done"):
     output_index: int
     content_index: int
     text: str
-    logprobs: list[object] = msgspec.field(default_factory=list)
+    logprobs: list[object]  # required on the wire, so no default (omit_defaults would drop [])
 
 
 class FunctionCallArgumentsDelta(Event, tag="response.function_call_arguments.delta"):

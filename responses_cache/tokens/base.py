@@ -1,0 +1,356 @@
+"""The ``Renderer`` protocol and the machinery both templates share.
+
+A renderer turns ``(instructions, tools, items)`` into tokens as an append-only
+:class:`~responses_cache.tokens.log.TokenLog`. Subclasses provide the template (header, one item,
+the generation prompt, how sampled ids split into items); this module does the bookkeeping:
+per-item segments, the call_id -> tool-name lookup, history-rewriting rules, sampled ids, and
+the work counters used by the counting tests.
+
+Only the renderer emits special tokens: every piece of text (user content, tool output,
+arguments, names) goes through ``encode_ordinary``, so ``"<|end|>"`` typed by a user is plain text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import tiktoken
+
+from ..protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputFile,
+    InputImage,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+)
+from ..protocol.items import ContentPart, InputText, Refusal
+from ..protocol.tools import ToolSet
+from .errors import UnknownCallError, UnsupportedContentError
+from .log import ASSISTANT, FINAL, NO_FACTS, Facts, LogContext, Node, TokenLog, find_call, relayout
+
+
+@dataclass
+class RenderStats:
+    """Monotonic counters of rendering work actually done (for counting tests and metrics)."""
+
+    #: Token ids produced by rendering (headers and item segments, specials included).
+    tokens_encoded: int = 0
+    #: Conversation items rendered (tokenized). Items taken from ``sampled`` ids are not counted.
+    items_rendered: int = 0
+    #: Items whose segment came from sampled ids.
+    items_sampled: int = 0
+    #: Sampled turns that could not be split one segment per item (kept as one block).
+    sampled_unsplit: int = 0
+    #: History rewrites (a template rule flipped and nodes were relinked).
+    rewinds: int = 0
+    #: Nodes relinked by those rewrites (their tokens are reused, not re-encoded).
+    items_relinked: int = 0
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """What the pipeline needs from a prompt renderer / tokenizer."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stats(self) -> RenderStats: ...
+
+    @property
+    def encoding(self) -> tiktoken.Encoding: ...
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]: ...
+
+    def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes: ...
+
+    def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog: ...
+
+    def extend(
+        self, log: TokenLog, items: Sequence[Item], *, sampled: Sequence[int] | None = None
+    ) -> TokenLog: ...
+
+    def prompt(self, log: TokenLog) -> array[int]: ...
+
+    def render_full(
+        self, instructions: str | None, tools: ToolSet, items: Sequence[Item]
+    ) -> TokenLog: ...
+
+    def encode_text(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def count_text(self, text: str) -> int: ...
+
+
+class Rendered(NamedTuple):
+    """One item's segment and what the rewriting rules need to know about it."""
+
+    seg: array[int]
+    flags: int
+    call_target: str | None = None  # for a function_call: the name its output is addressed from
+
+
+def item_texts(content: str | list[ContentPart], item_index: int, path: str) -> list[str]:
+    """The text of each part of ``content`` (one string per part); media raise an error."""
+    if isinstance(content, str):
+        return [content]
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if isinstance(part, (InputText, OutputText)):
+            texts.append(part.text)
+        elif isinstance(part, Refusal):
+            texts.append(part.refusal)
+        elif isinstance(part, (InputImage, InputFile)):
+            raise UnsupportedContentError(
+                item_index=item_index,
+                part_index=j,
+                part_type="input_image" if isinstance(part, InputImage) else "input_file",
+                param=f"{path}[{j}]",
+            )
+    return texts
+
+
+def reasoning_texts(item: Reasoning) -> list[str]:
+    """A reasoning item's text: its ``reasoning_text`` parts, else its summary parts."""
+    if item.content:
+        return [p.text for p in item.content]
+    return [p.text for p in item.summary]
+
+
+def is_assistant_output(item: Item) -> bool:
+    """True for items a model can sample: reasoning, function calls, assistant messages."""
+    if isinstance(item, Message):
+        return item.role == "assistant"
+    return isinstance(item, (Reasoning, FunctionCall))
+
+
+class BaseRenderer(ABC):
+    """Shared implementation of :class:`Renderer`; subclasses supply the template."""
+
+    #: Template name, e.g. ``"harmony"``.
+    template: str = ""
+    #: Bump when a template's output changes, so fingerprints of old logs stop matching.
+    template_version: int = 1
+
+    def __init__(self, encoding: tiktoken.Encoding, encoding_name: str, options: str) -> None:
+        self._encoding = encoding
+        self._name = f"{self.template}/{encoding_name}"
+        self._stats = RenderStats()
+        self._key = hashlib.blake2b(
+            f"{self.template}\x00{self.template_version}\x00{encoding_name}\x00{options}".encode(),
+            digest_size=16,
+        ).digest()
+        self._gen_prompt = self._generation_prompt()
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """``"<template>/<encoding>"``, e.g. ``"harmony/o200k_harmony"``."""
+        return self._name
+
+    @property
+    def stats(self) -> RenderStats:
+        """Counters of work done by this renderer instance."""
+        return self._stats
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """The tiktoken encoding (with this template's special tokens)."""
+        return self._encoding
+
+    @property
+    def generation_prompt(self) -> array[int]:
+        """The tokens :meth:`prompt` appends (a copy)."""
+        return array("I", self._gen_prompt)
+
+    def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes:
+        """A digest of template, encoding, options, instructions and tools.
+
+        A cached log can be extended for a new request only if this is unchanged.
+        """
+        h = hashlib.blake2b(self._key, digest_size=16)
+        if instructions:
+            h.update(b"\x01")
+            h.update(instructions.encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"\x00")
+        h.update(tools.fingerprint)
+        return h.digest()
+
+    def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
+        """A log holding only the header (system/developer prefix)."""
+        seg = self._render_header(instructions or None, tools)
+        self._stats.tokens_encoded += len(seg)
+        ctx = LogContext(self, self._key, self.fingerprint(instructions, tools))
+        return TokenLog(Node(None, ctx, seg, 0, NO_FACTS, 0))
+
+    def extend(
+        self, log: TokenLog, items: Sequence[Item], *, sampled: Sequence[int] | None = None
+    ) -> TokenLog:
+        """``log`` plus one segment per item; ``log``'s storage is shared, not copied.
+
+        With ``sampled``, ``items`` are one assistant turn's output and ``sampled`` the token ids
+        the model produced for it (after :meth:`prompt`'s generation prompt); those ids become
+        the segments as-is, split at message starts (see the template for its normalizations).
+        If the template's rewriting rule changes which earlier items are shown, the log is
+        relinked from the first affected item (no re-tokenization).
+        """
+        node = log._node
+        if node.ctx.key != self._key:
+            raise ValueError(
+                f"this log was rendered by {node.ctx.renderer.name} with other options; "
+                f"{self.name} cannot extend it"
+            )
+        if not items:
+            return log
+        if sampled is not None:
+            rendered = self._from_sampled(items, sampled)
+        else:
+            rendered = self._render_items(node, items)
+        facts = node.facts
+        all_facts: list[Facts] = []
+        start = node.index + 1
+        for k, r in enumerate(rendered):
+            facts = facts.advance(r.flags, start + k)
+            all_facts.append(facts)
+        hidden = self.hidden_before(facts)
+        node = relayout(node, hidden)
+        ctx = node.ctx
+        for item, r, f in zip(items, rendered, all_facts):
+            call_id = item.call_id if isinstance(item, FunctionCall) else None
+            node = Node(node, ctx, r.seg, r.flags, f, hidden, call_id, r.call_target)
+        return TokenLog(node)
+
+    def prompt(self, log: TokenLog) -> array[int]:
+        """All tokens of ``log`` followed by the generation prompt, as a new ``array('I')``."""
+        out = log.tokens()
+        out.extend(self._gen_prompt)
+        return out
+
+    def render_full(
+        self, instructions: str | None, tools: ToolSet, items: Sequence[Item]
+    ) -> TokenLog:
+        """The reference rendering: header and every item, from scratch."""
+        return self.extend(self.begin(instructions, tools), items)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain-text tokens (special-token look-alikes stay plain text)."""
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (special tokens as their names; invalid UTF-8 replaced)."""
+        return self._encoding.decode(list(ids))
+
+    def count_text(self, text: str) -> int:
+        """Number of plain-text tokens in ``text``."""
+        return len(self._encoding.encode_ordinary(text))
+
+    def hidden_before(self, facts: Facts) -> int:
+        """Analysis items with an index below this are hidden (0: the template never hides)."""
+        return 0
+
+    # -- template hooks ----------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def stop_tokens(self) -> tuple[int, ...]:
+        """Token ids that end an assistant turn."""
+
+    @abstractmethod
+    def _generation_prompt(self) -> array[int]:
+        """The tokens that open the assistant's next message."""
+
+    @abstractmethod
+    def _render_header(self, instructions: str | None, tools: ToolSet) -> array[int]:
+        """The header segment for ``instructions`` (None when empty) and ``tools``."""
+
+    @abstractmethod
+    def _render_item(self, item: Item, index: int, call_target: str | None) -> Rendered:
+        """One item's segment; ``call_target`` is set for a function_call_output."""
+
+    @abstractmethod
+    def _call_target(self, item: FunctionCall) -> str:
+        """The name a function call's output is addressed from (e.g. ``functions.NAME``)."""
+
+    @abstractmethod
+    def _sampled_flags(self, item: Item) -> int:
+        """Flags of an assistant-output item whose segment comes from sampled ids."""
+
+    @abstractmethod
+    def _finish_sampled(self, seg: array[int], item: Item) -> array[int]:
+        """Normalize the last message of a sampled turn (end token, separators)."""
+
+    @property
+    @abstractmethod
+    def _message_start(self) -> int:
+        """The special token that opens every message (where sampled ids are split)."""
+
+    # -- machinery ---------------------------------------------------------------------------
+
+    def _render_items(self, node: Node, items: Sequence[Item]) -> list[Rendered]:
+        calls: dict[str, str] = {}
+        out: list[Rendered] = []
+        encoded = 0
+        for i, item in enumerate(items):
+            target: str | None = None
+            if isinstance(item, FunctionCallOutput):
+                target = calls.get(item.call_id)
+                if target is None:
+                    target = find_call(node, item.call_id)
+                if target is None:
+                    raise UnknownCallError(item_index=i, call_id=item.call_id)
+            r = self._render_item(item, i, target)
+            if isinstance(item, FunctionCall):
+                r = r._replace(call_target=self._call_target(item))
+                calls[item.call_id] = r.call_target  # type: ignore[assignment]
+            encoded += len(r.seg)
+            out.append(r)
+        self._stats.tokens_encoded += encoded
+        self._stats.items_rendered += len(items)
+        return out
+
+    def _from_sampled(self, items: Sequence[Item], sampled: Sequence[int]) -> list[Rendered]:
+        for i, item in enumerate(items):
+            if not is_assistant_output(item):
+                raise ValueError(
+                    f"sampled ids given, but items[{i}] ({type(item).__name__}) is not "
+                    "assistant output"
+                )
+        full = array("I", self._gen_prompt)
+        full.extend(sampled)
+        start_tok = self._message_start
+        cuts = [0]
+        cuts.extend(p for p in range(len(self._gen_prompt), len(full)) if full[p] == start_tok and p)
+        cuts.append(len(full))
+        pieces = [full[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        targets = [self._call_target(it) if isinstance(it, FunctionCall) else None for it in items]
+        self._stats.items_sampled += len(items)
+        if len(pieces) == len(items):
+            pieces[-1] = self._finish_sampled(pieces[-1], items[-1])
+            return [
+                Rendered(seg, self._sampled_flags(item), target)
+                for seg, item, target in zip(pieces, items, targets)
+            ]
+        # The ids do not split one message per item: keep the turn as one block on the first
+        # item (never hidden), the other items get empty segments.
+        self._stats.sampled_unsplit += 1
+        flags = ASSISTANT
+        for item in items:
+            f = self._sampled_flags(item)
+            if f & ASSISTANT:
+                flags = ASSISTANT | (f & FINAL)
+        block = self._finish_sampled(full, items[-1])
+        out = [Rendered(block, flags, targets[0])]
+        out.extend(Rendered(array("I"), 0, t) for t in targets[1:])
+        return out

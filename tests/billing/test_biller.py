@@ -1,0 +1,504 @@
+"""Biller: batching, overlap with the caller, outages, spill, restart and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from responses_cache.billing import Biller, CallableSink, SpillFile, UsageRecord
+
+from .conftest import MemorySink, ids, make_record, spill_ids, wait_until
+
+# -- batching and overlap --------------------------------------------------------------------
+
+
+async def test_batches_respect_batch_size(sink: MemorySink) -> None:
+    async with Biller(sink, batch_size=10, flush_interval=60) as biller:
+        for i in range(95):
+            biller.submit(make_record(i))
+        assert await biller.flush()
+        assert [len(b) for b in sink.batches] == [10] * 9 + [5]
+        assert sink.written == sorted(ids(95))  # FIFO
+    assert biller.stats().delivered == 95
+
+
+async def test_partial_batch_is_written_after_flush_interval(sink: MemorySink) -> None:
+    async with Biller(sink, batch_size=100, flush_interval=0.01) as biller:
+        for i in range(3):
+            biller.submit(make_record(i))
+        await wait_until(lambda: bool(sink.batches))
+        assert [len(b) for b in sink.batches] == [3]
+
+
+async def test_full_batch_is_written_without_waiting_for_the_interval(sink: MemorySink) -> None:
+    async with Biller(sink, batch_size=5, flush_interval=3600) as biller:
+        for i in range(5):
+            biller.submit(make_record(i))
+        await wait_until(lambda: bool(sink.batches))
+        assert [len(b) for b in sink.batches] == [5]
+
+
+async def test_submit_returns_while_the_sink_is_blocked(sink: MemorySink) -> None:
+    sink.gate = asyncio.Event()
+    async with Biller(sink, batch_size=8, flush_interval=0) as biller:
+        biller.submit(make_record(0))
+        await sink.entered.wait()  # the worker is inside sink.write, blocked on the gate
+        for i in range(1, 500):
+            biller.submit(make_record(i))  # would deadlock if submit waited for the sink
+        assert sink.in_write and not sink.batches
+        assert biller.submitted == 500 and biller.pending == 500
+        sink.gate.set()
+        assert await biller.flush()
+    assert sink.unique == ids(500) and not sink.duplicates()
+
+
+async def test_turns_overlap_a_slow_sink() -> None:
+    """Each write sleeps 200 ms; turns keep submitting while a write is in progress."""
+    log: list[str] = []
+
+    async def slow(records: list[UsageRecord]) -> None:
+        log.append("write-start")
+        await asyncio.sleep(0.2)
+        log.append(f"write-end:{len(records)}")
+
+    async with Biller(CallableSink(slow), batch_size=100, flush_interval=0) as biller:
+        for i in range(10):
+            await asyncio.sleep(0)  # the turn's own work
+            biller.submit(make_record(i))
+            log.append(f"turn:{i}")
+    first_start = log.index("write-start")
+    first_end = next(n for n, e in enumerate(log) if e.startswith("write-end"))
+    turns_during_write = [e for e in log[first_start:first_end] if e.startswith("turn:")]
+    assert len(turns_during_write) >= 5  # turns did not wait for billing
+    assert sum(int(e.split(":")[1]) for e in log if e.startswith("write-end")) == 10
+
+
+# -- outages ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_spill", [True, False], ids=["spill", "memory"])
+async def test_sink_down_for_many_batches_then_back(
+    sink: MemorySink, tmp_path: Path, use_spill: bool
+) -> None:
+    spill_path = tmp_path / "spill.jsonl" if use_spill else None
+    sink.down = True
+    biller = Biller(
+        sink,
+        batch_size=10,
+        flush_interval=0,
+        retry_interval=0.001,
+        max_retry_interval=0.004,
+        spill_path=spill_path,
+        spill_fsync=False,
+    )
+    async with biller:
+        for i in range(300):
+            biller.submit(make_record(i))
+            if i % 25 == 24:
+                assert not await biller.flush()
+        stats = biller.stats()
+        assert stats.degraded and stats.pending == 300 and stats.sink_errors >= 12
+        if spill_path is not None:
+            assert sorted(spill_ids(spill_path)) == sorted(ids(300))
+            assert stats.spilled >= 300
+        else:
+            assert stats.overflowed >= 300
+        calls = sink.calls
+        await wait_until(lambda: sink.calls > calls + 2)  # retried on its own, with backoff
+        sink.down = False
+        await wait_until(lambda: biller.pending == 0)  # recovered without a flush()
+        assert not biller.stats().degraded
+    assert sink.unique == ids(300)
+    assert not sink.duplicates()
+    if spill_path is not None:
+        assert spill_path.stat().st_size == 0
+
+
+async def test_ambiguous_failures_are_deduplicated_by_id(sink: MemorySink) -> None:
+    """A write that stored half its batch and then failed is retried whole."""
+    sink.partial = True
+    sink.fail_next = 6
+    async with Biller(sink, batch_size=10, flush_interval=0, retry_interval=0.001) as biller:
+        for i in range(100):
+            biller.submit(make_record(i))
+        while not await biller.flush():
+            pass
+    assert sink.unique == ids(100)
+    assert sink.duplicates()  # at-least-once: the sink's dedupe makes it exactly-once
+
+
+async def test_sink_exceptions_of_any_type_are_failures(tmp_path: Path) -> None:
+    calls = 0
+
+    def buggy(records: list[UsageRecord]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TypeError("bug in the sink")
+
+    got: list[str] = []
+    sink = CallableSink(lambda rs: (buggy(rs), got.extend(r.response_id for r in rs)))
+    async with Biller(sink, spill_path=tmp_path / "s", flush_interval=0) as biller:
+        biller.submit(make_record(1))
+        assert not await biller.flush()
+        assert await biller.flush()
+    assert got == ["resp_000001"]
+
+
+# -- queue full ------------------------------------------------------------------------------
+
+
+async def test_queue_full_spills_to_disk(sink: MemorySink, tmp_path: Path) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    biller = Biller(sink, queue_size=10, spill_path=spill_path, flush_interval=0)
+    for i in range(100):  # not started yet: nothing drains the queue
+        biller.submit(make_record(i))
+    assert biller.spilled == 90
+    assert spill_ids(spill_path) == [f"resp_{i:06d}" for i in range(10, 100)]
+    async with biller:
+        assert await biller.flush()
+    assert sink.unique == ids(100) and not sink.duplicates()
+    assert spill_path.stat().st_size == 0
+
+
+async def test_queue_full_while_running(sink: MemorySink, tmp_path: Path) -> None:
+    sink.gate = asyncio.Event()
+    spill_path = tmp_path / "spill.jsonl"
+    async with Biller(
+        sink, queue_size=20, batch_size=5, spill_path=spill_path, flush_interval=0
+    ) as biller:
+        biller.submit(make_record(0))
+        await sink.entered.wait()
+        for i in range(1, 200):
+            biller.submit(make_record(i))
+        assert biller.spilled == 200 - 1 - 20
+        sink.gate.set()
+        assert await biller.flush()
+    assert sink.unique == ids(200) and not sink.duplicates()
+
+
+async def test_queue_full_without_spill_keeps_records_in_memory(sink: MemorySink) -> None:
+    biller = Biller(sink, queue_size=10)
+    for i in range(100):
+        biller.submit(make_record(i))
+    assert biller.stats().overflowed == 90 and biller.pending == 100
+    async with biller:
+        assert await biller.flush()
+    assert sink.unique == ids(100)
+
+
+# -- restart ---------------------------------------------------------------------------------
+
+
+async def test_records_spilled_by_a_stopped_biller_are_delivered_by_the_next(
+    tmp_path: Path,
+) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    down = MemorySink()
+    down.down = True
+    first = Biller(down, spill_path=spill_path, flush_interval=0, batch_size=7)
+    async with first:
+        for i in range(50):
+            first.submit(make_record(i))
+    assert first.pending == 50 and down.closed
+    assert sorted(spill_ids(spill_path)) == sorted(ids(50))
+
+    up = MemorySink()
+    async with Biller(up, spill_path=spill_path) as second:
+        assert await second.flush()
+        assert second.delivered == 50
+    assert up.unique == ids(50) and not up.duplicates()
+    assert spill_path.stat().st_size == 0
+
+
+async def test_crashed_spill_with_torn_tail_is_replayed(sink: MemorySink, tmp_path: Path) -> None:
+    """The file a crashed process left: complete lines, then half a line."""
+    spill_path = tmp_path / "spill.jsonl"
+    with SpillFile(spill_path) as spill:
+        spill.append([make_record(i) for i in range(20)])
+    with spill_path.open("ab") as f:
+        f.write(b'{"response_id": "resp_torn", "ten')
+    async with Biller(sink, spill_path=spill_path) as biller:
+        assert await biller.flush()
+    assert sink.unique == ids(20)
+    assert b"resp_torn" in (tmp_path / "spill.jsonl.corrupt").read_bytes()
+
+
+async def test_one_spill_file_per_process(tmp_path: Path) -> None:
+    from responses_cache.billing import SpillFileLocked
+
+    spill_path = tmp_path / "spill.jsonl"
+    async with Biller(MemorySink(), spill_path=spill_path):
+        second = Biller(MemorySink(), spill_path=spill_path)
+        with pytest.raises(SpillFileLocked):
+            await second.start()
+
+
+# -- shutdown --------------------------------------------------------------------------------
+
+
+async def test_stop_flushes_everything(sink: MemorySink) -> None:
+    biller = Biller(sink, batch_size=64, flush_interval=3600)
+    await biller.start()
+    for i in range(1000):
+        biller.submit(make_record(i))
+    await biller.stop()
+    assert sink.unique == ids(1000) and not sink.duplicates()
+    assert sink.closed and biller.pending == 0
+
+
+async def test_stop_is_idempotent(sink: MemorySink) -> None:
+    closes = 0
+
+    async def count_close() -> None:
+        nonlocal closes
+        closes += 1
+
+    sink.close = count_close  # type: ignore[method-assign]
+    biller = Biller(sink)
+    await biller.start()
+    biller.submit(make_record(1))
+    await asyncio.gather(biller.stop(), biller.stop())
+    await biller.stop()
+    assert closes == 1 and sink.unique == {"resp_000001"}
+    with pytest.raises(RuntimeError):
+        await biller.start()
+
+
+async def test_stop_without_start_keeps_records(tmp_path: Path) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    sink = MemorySink()
+    biller = Biller(sink, spill_path=spill_path)
+    biller.submit(make_record(1))
+    await biller.stop()
+    assert sink.closed and spill_ids(spill_path) == ["resp_000001"]
+
+
+async def test_stop_with_a_hung_sink_spills_the_in_flight_batch(tmp_path: Path) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    hung = MemorySink()
+    hung.gate = asyncio.Event()  # never set
+    biller = Biller(hung, batch_size=8, flush_interval=0, spill_path=spill_path)
+    await biller.start()
+    for i in range(20):
+        biller.submit(make_record(i))
+    await hung.entered.wait()
+    await biller.stop(timeout=0.01)
+    assert not hung.batches and hung.closed
+    assert sorted(spill_ids(spill_path)) == sorted(ids(20))
+
+    up = MemorySink()
+    async with Biller(up, spill_path=spill_path) as after:
+        assert await after.flush()
+    assert up.unique == ids(20)
+
+
+async def test_submit_after_stop_is_spilled(sink: MemorySink, tmp_path: Path) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    biller = Biller(sink, spill_path=spill_path)
+    async with biller:
+        pass
+    biller.submit(make_record(7))  # e.g. a response that finished during shutdown
+    assert spill_ids(spill_path) == ["resp_000007"]
+
+
+async def test_undeliverable_records_without_spill_are_logged(
+    sink: MemorySink, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink.down = True
+    biller = Biller(sink, flush_interval=0)
+    with caplog.at_level(logging.ERROR, logger="responses_cache.billing"):
+        async with biller:
+            biller.submit(make_record(1))
+        biller.submit(make_record(2))
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert '"response_id":"resp_000001"' in logged
+    assert '"response_id":"resp_000002"' in logged
+    assert biller.pending == 2
+
+
+async def test_shutdown_under_load_loses_nothing(tmp_path: Path) -> None:
+    """Threads and the loop keep submitting while stop() runs (a SIGTERM under load)."""
+    spill_path = tmp_path / "spill.jsonl"
+    sink = MemorySink()
+    biller = Biller(
+        sink,
+        queue_size=64,
+        batch_size=32,
+        flush_interval=0,
+        spill_path=spill_path,
+        spill_fsync=False,
+    )
+    submitted: list[list[str]] = [[] for _ in range(4)]
+    halt = threading.Event()
+    started = threading.Barrier(5)
+
+    def producer(n: int) -> None:
+        started.wait()
+        i = 0
+        while not halt.is_set() and i < 5000:
+            record = make_record(n * 100_000 + i)
+            biller.submit(record)
+            submitted[n].append(record.response_id)
+            i += 1
+
+    await biller.start()
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    await asyncio.to_thread(started.wait)
+    for i in range(2000):
+        biller.submit(make_record(900_000 + i))
+        if i % 100 == 0:
+            await asyncio.sleep(0)
+    await biller.stop()
+    halt.set()
+    for t in threads:
+        t.join()
+
+    expected = {f"resp_{900_000 + i:06d}" for i in range(2000)}
+    for batch in submitted:
+        expected.update(batch)
+    assert biller.submitted == len(expected)
+    assert not sink.duplicates()
+    assert sink.unique | set(spill_ids(spill_path)) == expected
+
+
+def test_worker_cancelled_without_stop_spills(tmp_path: Path) -> None:
+    """A loop torn down without stop() (asyncio.run exiting) still persists the queue."""
+    spill_path = tmp_path / "spill.jsonl"
+
+    async def forgetful() -> None:
+        hung = MemorySink()
+        hung.gate = asyncio.Event()
+        biller = Biller(hung, batch_size=8, flush_interval=0, spill_path=spill_path)
+        await biller.start()
+        for i in range(30):
+            biller.submit(make_record(i))
+        await hung.entered.wait()
+        # returns without stop(): asyncio.run cancels the worker
+
+    asyncio.run(forgetful())
+    assert sorted(spill_ids(spill_path)) == sorted(ids(30))
+
+
+# -- integration -----------------------------------------------------------------------------
+
+
+def test_asgi_lifespan(tmp_path: Path) -> None:
+    sink = MemorySink()
+    biller = Biller(sink, spill_path=tmp_path / "spill.jsonl")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with biller:
+            yield
+
+    async def turn(request: Request) -> JSONResponse:
+        n = int(request.path_params["n"])
+        biller.submit(make_record(n))
+        return JSONResponse({"id": f"resp_{n:06d}"})
+
+    app = Starlette(routes=[Route("/turn/{n}", turn, methods=["POST"])], lifespan=lifespan)
+    with TestClient(app) as client:
+        for n in range(25):
+            assert client.post(f"/turn/{n}").status_code == 200
+    assert sink.unique == ids(25) and sink.closed
+
+
+async def test_validation() -> None:
+    sink = MemorySink()
+    for kwargs in (
+        {"queue_size": 0},
+        {"batch_size": 0},
+        {"flush_interval": -1},
+        {"retry_interval": 0},
+        {"retry_interval": 2, "max_retry_interval": 1},
+    ):
+        with pytest.raises(ValueError):
+            Biller(sink, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        await Biller(sink).flush()
+
+
+# -- property: any failure schedule, any sizes -> every id, exactly once ---------------------
+
+
+class ScheduledSink:
+    def __init__(self, schedule: Sequence[bool]) -> None:
+        self.schedule = list(schedule)
+        self.calls = 0
+        self.written: list[str] = []
+
+    async def write(self, records: Sequence[UsageRecord]) -> None:
+        fail = self.calls < len(self.schedule) and self.schedule[self.calls]
+        self.calls += 1
+        if fail:
+            raise ConnectionError("scheduled failure")
+        self.written.extend(r.response_id for r in records)
+
+    async def close(self) -> None:
+        pass
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    n=st.integers(0, 150),
+    batch_size=st.integers(1, 40),
+    queue_size=st.integers(1, 60),
+    schedule=st.lists(st.booleans(), max_size=30),
+    flush_every=st.integers(1, 60),
+    use_spill=st.booleans(),
+)
+def test_every_record_delivered_exactly_once(
+    n: int,
+    batch_size: int,
+    queue_size: int,
+    schedule: list[bool],
+    flush_every: int,
+    use_spill: bool,
+) -> None:
+    async def scenario(spill_path: Path | None) -> ScheduledSink:
+        sink = ScheduledSink(schedule)
+        biller = Biller(
+            sink,
+            batch_size=batch_size,
+            queue_size=queue_size,
+            flush_interval=0,
+            retry_interval=0.001,
+            max_retry_interval=0.002,
+            spill_path=spill_path,
+            spill_fsync=False,
+        )
+        async with biller:
+            for i in range(n):
+                biller.submit(make_record(i))
+                if i % flush_every == 0:
+                    await biller.flush()
+            for _ in range(len(schedule) + 2):
+                if await biller.flush():
+                    break
+            assert biller.pending == 0
+        return sink
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = asyncio.run(scenario(Path(tmp) / "spill.jsonl" if use_spill else None))
+    assert sorted(sink.written) == sorted(ids(n))  # every id, none twice
