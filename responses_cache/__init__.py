@@ -7,7 +7,14 @@ Public API::
 
 from .app import ServerConfig, create_app
 from .auth import AllowAll, Authenticator, BearerKeys
-from .backends import Backend, BackendError, GenerationRequest, Scenario, SimulatedConfig, SimulatedEngine
+from .backends import (
+    Backend,
+    BackendError,
+    GenerationRequest,
+    Scenario,
+    SimulatedConfig,
+    SimulatedEngine,
+)
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline import Hook, HookContext, HookRunner, Limits, Pipeline, Verdict
 from .protocol.errors import ResponsesError
@@ -53,4 +60,5 @@ __all__ = [
     "Verdict",
     "WebSocketMode",
     "__version__",
+    "create_app",
 ]

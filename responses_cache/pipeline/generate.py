@@ -7,7 +7,7 @@ numbers events per response (``sequence_number`` from 0) and stamps the lane's `
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 from ..backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
@@ -75,8 +75,8 @@ class OutputBuilder:
                 ev.FunctionCallArgumentsDelta(item_id=self._item_id, output_index=self.index, delta=event.arguments)
             )
 
-    def _count(self, token_ids: object, *, reasoning: bool) -> None:
-        ids = list(token_ids) if token_ids else []
+    def _count(self, token_ids: Sequence[int], *, reasoning: bool) -> None:
+        ids = list(token_ids)
         n = len(ids) or 1
         self.output_tokens += n
         if reasoning:

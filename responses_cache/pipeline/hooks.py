@@ -4,17 +4,25 @@ A hook sees only a turn's **new** items plus the state it carried from the paren
 returns a :class:`Verdict` with its new state. Hooks with ``phase = "before"`` run (concurrently)
 before generation and a flag blocks the turn; hooks with ``phase = "alongside"`` run while the
 model generates and a flag stops the running response.
+
+**Hydration.** A parent rebuilt from the durable store (or produced before a hook was installed)
+carries no state for the hook. The runner then gives that hook the parent's whole conversation
+followed by the new items, so the hook rebuilds its state once and is incremental again from the
+next turn on. Hooks that have state in the parent only ever see the new items.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..protocol.errors import ResponsesError
 from ..protocol.items import Item
+
+if TYPE_CHECKING:
+    from ..conversation import Conversation
 
 Phase = Literal["before", "alongside"]
 
@@ -64,30 +72,64 @@ class HookRunner:
         self.alongside = [h for h in hooks if h.phase == "alongside"]
         self.late_flag = late_flag
 
+    @staticmethod
+    def _inputs(
+        hooks: Iterable[Hook], items: list[Item], states: Mapping[str, Any], history: Conversation | None
+    ) -> list[tuple[Hook, Sequence[Item], Any]]:
+        """What each hook is called with: new items and carried state, or (hydration: no carried
+        state but a history) the whole history plus the new items and a fresh state."""
+        full: list[Item] | None = None
+        out: list[tuple[Hook, Sequence[Item], Any]] = []
+        for hook in hooks:
+            if hook.name in states or history is None or len(history) == 0:
+                out.append((hook, items, states.get(hook.name)))
+                continue
+            if full is None:
+                full = [*history.items(), *items]
+            out.append((hook, full, None))
+        return out
+
     async def run_before(
-        self, ctx: HookContext, items: list[Item], states: Mapping[str, Any]
+        self,
+        ctx: HookContext,
+        items: list[Item],
+        states: Mapping[str, Any],
+        *,
+        history: Conversation | None = None,
     ) -> tuple[list[Item], dict[str, Any]]:
-        """Run the blocking hooks; raises :class:`ResponsesError` on a flag."""
+        """Run the blocking hooks; raises :class:`ResponsesError` on a flag. ``history``: the
+        parent's conversation, used only for hooks with no carried state (hydration)."""
         new_states = dict(states)
         if not self.before:
             return items, new_states
-        verdicts = await asyncio.gather(*(h(ctx, items, states.get(h.name)) for h in self.before))
-        for hook, verdict in zip(self.before, verdicts):
+        calls = self._inputs(self.before, items, states, history)
+        verdicts = await asyncio.gather(*(h(ctx, seen, state) for h, seen, state in calls))
+        for hook, verdict in zip(self.before, verdicts, strict=True):
             if verdict.flagged:
                 raise Flag(hook.name, verdict).error()
             new_states[hook.name] = verdict.state
             if verdict.items is not None:
-                items = list(verdict.items)
+                replaced = list(verdict.items)
+                # A hydrating hook saw (and may have rewritten) the history too: keep only the
+                # replacements of the new items, the history is already part of the context.
+                seen = next(s for h, s, _ in calls if h is hook)
+                items = replaced[len(seen) - len(items):] if seen is not items else replaced
         return items, new_states
 
     async def run_alongside(
-        self, ctx: HookContext, items: list[Item], states: Mapping[str, Any]
+        self,
+        ctx: HookContext,
+        items: list[Item],
+        states: Mapping[str, Any],
+        *,
+        history: Conversation | None = None,
     ) -> tuple[Flag | None, dict[str, Any]]:
         """Run the non-blocking hooks; returns the first flag (if any) and the new states."""
         new_states: dict[str, Any] = {}
-        verdicts = await asyncio.gather(*(h(ctx, items, states.get(h.name)) for h in self.alongside))
+        calls = self._inputs(self.alongside, items, states, history)
+        verdicts = await asyncio.gather(*(h(ctx, seen, state) for h, seen, state in calls))
         flag: Flag | None = None
-        for hook, verdict in zip(self.alongside, verdicts):
+        for hook, verdict in zip(self.alongside, verdicts, strict=True):
             new_states[hook.name] = verdict.state
             if verdict.flagged and flag is None:
                 flag = Flag(hook.name, verdict)

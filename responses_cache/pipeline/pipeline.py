@@ -67,7 +67,9 @@ class Pipeline:
         # validate: only the new items, against the calls the parent left open.
         open_calls = self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
         # safety (blocking hooks): only the new items plus each hook's carried state.
-        items, hook_state = await self.hooks.run_before(ctx, turn.items, parent.hook_state if parent else {})
+        items, hook_state = await self.hooks.run_before(
+            ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
+        )
         t1 = time.perf_counter()
         timings["validate"] = t1 - t0
 
@@ -191,7 +193,11 @@ class Pipeline:
         hooks = self.hooks
         watcher: asyncio.Task[tuple[Flag | None, dict[str, Any]]] | None = None
         if hooks.alongside:
-            watcher = asyncio.ensure_future(hooks.run_alongside(ctx, items, parent.hook_state if parent else {}))
+            watcher = asyncio.ensure_future(
+                hooks.run_alongside(
+                    ctx, items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
+                )
+            )
         finish: Finish | None = None
         stream = route.backend.generate(generation)
         try:

@@ -8,7 +8,7 @@ conversation can be shared between a parent response and all of its children wit
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -44,7 +44,7 @@ class InputFile(msgspec.Struct, tag="input_file", frozen=True, omit_defaults=Tru
     filename: str | None = None
 
 
-ContentPart = Union[InputText, OutputText, Refusal, InputImage, InputFile]
+ContentPart = InputText | OutputText | Refusal | InputImage | InputFile
 MEDIA_PARTS = (InputImage, InputFile)
 
 
@@ -89,7 +89,7 @@ class Reasoning(msgspec.Struct, tag="reasoning", frozen=True, omit_defaults=True
     status: ItemStatus | None = None
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
+Item = Message | FunctionCall | FunctionCallOutput | Reasoning
 ITEM_TYPES: frozenset[str] = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 
 

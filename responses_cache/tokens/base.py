@@ -13,6 +13,7 @@ arguments, names) goes through ``encode_ordinary``, so ``"<|end|>"`` typed by a 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
@@ -22,16 +23,18 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import tiktoken
 
 from ..protocol.items import (
+    ContentPart,
     FunctionCall,
     FunctionCallOutput,
     InputFile,
     InputImage,
+    InputText,
     Item,
     Message,
     OutputText,
     Reasoning,
+    Refusal,
 )
-from ..protocol.items import ContentPart, InputText, Refusal
 from ..protocol.tools import ToolSet
 from .errors import UnknownCallError, UnsupportedContentError
 from .log import ASSISTANT, FINAL, NO_FACTS, Facts, LogContext, Node, TokenLog, find_call, relayout
@@ -227,7 +230,7 @@ class BaseRenderer(ABC):
         hidden = self.hidden_before(facts)
         node = relayout(node, hidden)
         ctx = node.ctx
-        for item, r, f in zip(items, rendered, all_facts):
+        for item, r, f in zip(items, rendered, all_facts, strict=True):
             call_id = item.call_id if isinstance(item, FunctionCall) else None
             node = Node(node, ctx, r.seg, r.flags, f, hidden, call_id, r.call_target)
         return TokenLog(node)
@@ -333,14 +336,14 @@ class BaseRenderer(ABC):
         cuts = [0]
         cuts.extend(p for p in range(len(self._gen_prompt), len(full)) if full[p] == start_tok and p)
         cuts.append(len(full))
-        pieces = [full[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        pieces = [full[a:b] for a, b in itertools.pairwise(cuts) if b > a]
         targets = [self._call_target(it) if isinstance(it, FunctionCall) else None for it in items]
         self._stats.items_sampled += len(items)
         if len(pieces) == len(items):
             pieces[-1] = self._finish_sampled(pieces[-1], items[-1])
             return [
                 Rendered(seg, self._sampled_flags(item), target)
-                for seg, item, target in zip(pieces, items, targets)
+                for seg, item, target in zip(pieces, items, targets, strict=True)
             ]
         # The ids do not split one message per item: keep the turn as one block on the first
         # item (never hidden), the other items get empty segments.

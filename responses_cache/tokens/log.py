@@ -92,9 +92,9 @@ class Node:
         call_id: str | None = None,
         call_target: str | None = None,
     ) -> None:
-        self.parent = parent
-        self.ctx = ctx
-        self.index = -1 if parent is None else parent.index + 1
+        self.parent: Node | None = parent
+        self.ctx: LogContext = ctx
+        self.index: int = -1 if parent is None else parent.index + 1
         self.seg = seg
         self.flags = flags
         self.facts = facts
@@ -102,7 +102,7 @@ class Node:
         self.hidden_before = hidden_before
         self.visible = not (flags & ANALYSIS and self.index < hidden_before)
         #: Visible tokens from the header up to and including this node.
-        self.total = (0 if parent is None else parent.total) + (len(seg) if self.visible else 0)
+        self.total: int = (0 if parent is None else parent.total) + (len(seg) if self.visible else 0)
         self.call_id = call_id
         self.call_target = call_target
 

@@ -38,7 +38,7 @@ def _ryu(x: float) -> str:
     length = len(digits)
     kk = length + exp  # position of the decimal point relative to the digit string
     out = "-" if sign else ""
-    if 0 <= exp and kk <= 16:
+    if exp >= 0 and kk <= 16:
         return f"{out}{digits}{'0' * exp}.0"
     if 0 < kk <= 16:
         return f"{out}{digits[:kk]}.{digits[kk:]}"

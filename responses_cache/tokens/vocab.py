@@ -150,7 +150,7 @@ def _read_vocab(base: str, vocab_dir: str | os.PathLike[str] | None) -> tuple[by
             f"tried {tried}. Copy OpenAI's {spec.filename} (sha256 {spec.sha256}) there, "
             f"or unset {VOCAB_DIR_ENV} to use the copy bundled with responses-cache."
         )
-    resource = importlib.resources.files("responses_cache").joinpath("vocab", spec.filename + ".gz")
+    resource = importlib.resources.files("responses_cache").joinpath("vocab").joinpath(spec.filename + ".gz")
     try:
         data = gzip.decompress(resource.read_bytes())
     except (OSError, EOFError, gzip.BadGzipFile) as exc:

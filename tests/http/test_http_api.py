@@ -117,6 +117,7 @@ def test_chain_gives_backend_same_context_as_full_request(live_server_factory: A
     client = _client(server)
     history: list[Any] = []
     previous = None
+    last: Any = None
     inputs: list[Any] = [
         [{"role": "user", "content": "Run `ls -la` please"}],
         None,  # filled with the tool output

@@ -1,0 +1,133 @@
+"""Real processes: SIGTERM under load, and recovery after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from responses_cache.billing import Biller, decode_record
+
+from .conftest import MemorySink, ids, spill_ids
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+REPO = Path(__file__).resolve().parents[2]
+
+PRELUDE = textwrap.dedent(
+    """
+    import asyncio, signal, sys
+    from responses_cache.billing import Biller, CallableSink, JsonlSink, UsageRecord
+
+    def rec(i):
+        return UsageRecord(
+            response_id=f"resp_{i:06d}", tenant="t", model="m", route="r",
+            status="completed", input_tokens=10, cached_tokens=5, output_tokens=3,
+            reasoning_tokens=0, created_at=1.0, finished_at=2.0, transport="websocket",
+        )
+    """
+)
+
+SIGTERM_CHILD = PRELUDE + textwrap.dedent(
+    """
+    async def main(sink_path, spill_path):
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        biller = Biller(
+            JsonlSink(sink_path), queue_size=256, batch_size=64, flush_interval=0.001,
+            spill_path=spill_path,
+        )
+        await biller.start()
+        i = 0
+        while not stop.is_set():
+            biller.submit(rec(i))
+            i += 1
+            if i == 2000:
+                print("ready", flush=True)
+            if i % 20 == 0:
+                await asyncio.sleep(0)
+        await biller.stop()
+        print(f"submitted {i}", flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    """
+)
+
+SIGKILL_CHILD = PRELUDE + textwrap.dedent(
+    """
+    def down(records):
+        raise ConnectionError("billing backend unreachable")
+
+    async def main(spill_path):
+        biller = Biller(CallableSink(down), spill_path=spill_path, flush_interval=0)
+        await biller.start()
+        for i in range(500):
+            biller.submit(rec(i))
+        assert not await biller.flush()  # the sink refused: everything is in the spill
+        print("spilled", flush=True)
+        await asyncio.sleep(3600)  # killed here, without stop()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+def spawn(tmp_path: Path, source: str, *args: Path) -> subprocess.Popen[str]:
+    script = tmp_path / "child.py"
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen[str], expected: str) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != expected:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"child said {line!r}, expected {expected!r}")
+
+
+def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
+    sink_path, spill_path = tmp_path / "usage.jsonl", tmp_path / "spill.jsonl"
+    proc = spawn(tmp_path, SIGTERM_CHILD, sink_path, spill_path)
+    wait_for_line(proc, "ready")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    submitted = int(out.strip().rsplit(" ", 1)[1])
+    assert submitted >= 2000
+
+    in_sink = [decode_record(line).response_id for line in sink_path.read_bytes().splitlines()]
+    assert len(in_sink) == len(set(in_sink))  # JsonlSink dedupes by id
+    assert set(in_sink) | set(spill_ids(spill_path)) == ids(submitted)
+
+
+async def test_records_spilled_before_sigkill_are_delivered_after_restart(
+    tmp_path: Path,
+) -> None:
+    spill_path = tmp_path / "spill.jsonl"
+    proc = spawn(tmp_path, SIGKILL_CHILD, spill_path)
+    try:
+        wait_for_line(proc, "spilled")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    sink = MemorySink()
+    async with Biller(sink, spill_path=spill_path) as biller:
+        assert await biller.flush()
+    assert sink.unique == ids(500) and not sink.duplicates()

@@ -1,0 +1,26 @@
+"""Standing checks that run with the suite: ruff, mypy --strict and the import-linter layering."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [str(BIN / "ruff"), "check", "responses_cache", "tests", "examples", "benchmarks"],
+        [str(BIN / "mypy"), "responses_cache"],
+        [str(BIN / "lint-imports")],
+    ],
+    ids=["ruff", "mypy", "import-linter"],
+)
+def test_tool_is_clean(command: list[str]) -> None:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]

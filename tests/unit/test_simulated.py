@@ -1,0 +1,69 @@
+"""The simulated engine's policy, scenario mode and timing accounting."""
+
+from __future__ import annotations
+
+import json
+
+from responses_cache.backends import (
+    Finish,
+    GenerationRequest,
+    Scenario,
+    SimulatedConfig,
+    SimulatedEngine,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
+from responses_cache.conversation import EMPTY
+from responses_cache.protocol.items import FunctionCall, FunctionCallOutput, Item, Message
+from responses_cache.protocol.tools import parse_tools
+
+SHELL = parse_tools(b'[{"type":"function","name":"exec_command","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}]')
+SHELL_LIST = parse_tools(b'[{"type":"function","name":"shell","parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}}}}]')
+
+
+async def _run(items: list[Item], tools=SHELL, config: SimulatedConfig | None = None) -> list[object]:  # type: ignore[no-untyped-def]
+    engine = SimulatedEngine(config or SimulatedConfig(instant=True))
+    request = GenerationRequest("resp_1", "sim-1", None, tools, EMPTY.extend(items), None, "a")
+    return [e async for e in engine.generate(request)]
+
+
+async def test_calls_the_shell_tool_with_a_backticked_command() -> None:
+    events = await _run([Message(role="user", content="please run `ls -la /tmp` now")])
+    assert isinstance(events[0], ToolCallStart) and events[0].name == "exec_command"
+    args = "".join(e.arguments for e in events if isinstance(e, ToolCallDelta))
+    assert json.loads(args) == {"cmd": "ls -la /tmp"}
+    assert isinstance(events[-1], Finish) and events[-1].reason == "tool_calls"
+
+
+async def test_shell_tool_with_a_command_array() -> None:
+    events = await _run([Message(role="user", content="run `echo hi`")], tools=SHELL_LIST)
+    args = "".join(e.arguments for e in events if isinstance(e, ToolCallDelta))
+    assert json.loads(args) == {"command": ["bash", "-lc", "echo hi"]}
+
+
+async def test_quotes_the_last_line_of_tool_output() -> None:
+    events = await _run([
+        Message(role="user", content="run `x`"),
+        FunctionCall(call_id="c", name="exec_command", arguments="{}"),
+        FunctionCallOutput(call_id="c", output="first\nthe last line\n\n"),
+    ])
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert "the last line" in text
+
+
+async def test_plain_text_without_a_tool() -> None:
+    events = await _run([Message(role="user", content="hello `ls`")], tools=parse_tools(b"[]"))
+    assert all(not isinstance(e, ToolCallStart) for e in events)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+async def test_scenario_makes_n_calls_then_answers() -> None:
+    config = SimulatedConfig(instant=True, scenario=Scenario(tool_calls=2, argument_tokens=10, answer_tokens=10))
+    items: list[Item] = [Message(role="user", content="go")]
+    for n in range(2):
+        events = await _run(items, config=config)
+        assert isinstance(events[0], ToolCallStart)
+        items += [FunctionCall(call_id=f"c{n}", name="exec_command", arguments="{}"), FunctionCallOutput(call_id=f"c{n}", output="ok")]
+    events = await _run(items, config=config)
+    assert not any(isinstance(e, ToolCallStart) for e in events)
