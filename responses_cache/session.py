@@ -127,6 +127,9 @@ class Session:
             self._error(invalid_request("The message is not a valid JSON object.", None, "invalid_json"), None)
             return
         kind = probe.type
+        if kind is not None and not isinstance(kind, str):  # never hash a non-string tag
+            self._error(invalid_request("Invalid type for 'type': expected a string.", "type", "invalid_type"), None)
+            return
         if kind in _IGNORED:
             return
         if kind == "response.steer":
@@ -149,7 +152,7 @@ class Session:
             )
             return
         if self.expired:
-            self._limit_reached()
+            self._limit_reached(lane)
             return
         if lane is not None and lane not in self._named_lanes:
             if len(self._named_lanes) >= self.config.max_named_lanes:

@@ -63,7 +63,6 @@ def live_server_factory() -> Iterator[Callable[..., LiveServer]]:
     def factory(app: Any = None, **options: Any) -> LiveServer:
         if app is None:
             options.setdefault("backend", SimulatedEngine(SimulatedConfig(instant=True)))
-            options.setdefault("renderer", None)  # TEMP
             app = create_app(**options)
         server, stop = start_server(app)
         stops.append(stop)

@@ -1,0 +1,59 @@
+"""Per-turn work on the WebSocket path is proportional to the new input, not to the history.
+
+Counted, not timed: tokens encoded by the renderer, items validated, tool lists parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from websockets.sync.client import connect
+
+from responses_cache import Scenario, SimulatedConfig, SimulatedEngine, create_app
+from responses_cache.protocol import tools as tools_module
+from responses_cache.routing import Route, StaticRouter
+from responses_cache.tokens import get_renderer
+
+TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event['body']}\n" * 40  # ~1k tokens
+
+
+def _turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
+    ws.send(json.dumps({"type": "response.create", **body}))
+    while True:
+        event = json.loads(ws.recv())
+        if event["type"] in ("response.completed", "response.failed", "error"):
+            assert event["type"] == "response.completed", event
+            return dict(event["response"])
+
+
+def test_tokens_encoded_and_items_validated_do_not_grow_with_history(live_server_factory: Any) -> None:
+    renderer = get_renderer("harmony")
+    engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=1000, argument_tokens=30)))
+    route = Route("default", "sim-1", engine, renderer)
+    app = create_app(router=StaticRouter({"sim-1": route}, default=route))
+    server = live_server_factory(app)
+    validator = app.state.service.pipeline.validator
+    encoded: list[int] = []
+    checked: list[int] = []
+    cached: list[int] = []
+    with connect(server.ws_url, max_size=None, compression=None) as ws:
+        response = _turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS})
+        parsed_before = tools_module.parse_count
+        for _ in range(12):
+            call = next(o for o in response["output"] if o["type"] == "function_call")
+            before_tokens, before_items = renderer.stats.tokens_encoded, validator.items_checked
+            response = _turn(ws, {
+                "model": "sim-1", "tools": TOOLS, "previous_response_id": response["id"],
+                "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": OUTPUT}],
+            })
+            encoded.append(renderer.stats.tokens_encoded - before_tokens)
+            checked.append(validator.items_checked - before_items)
+            cached.append(response["usage"]["input_tokens_details"]["cached_tokens"])
+        assert tools_module.parse_count == parsed_before  # identical tools: parsed once
+    assert checked == [1] * 12
+    # The history grows by ~1k tokens a turn; the work per turn stays the same.
+    assert len(set(encoded)) == 1, encoded
+    assert encoded[0] < 2 * renderer.count_text(OUTPUT)
+    assert all(b > a for a, b in zip(cached, cached[1:], strict=False))  # the reused prefix grows
