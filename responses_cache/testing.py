@@ -5,18 +5,28 @@
 * :class:`ScriptedBackend` replays scripted event lists, one per generation.
 * :func:`context_of` reduces a request to what determines the model's context (ids and statuses
   do not), so two requests can be compared.
+* :func:`run_turns` runs turns through a pipeline (or an app) without sockets.
+* :func:`check_hook_equivalence` / :func:`assert_incremental_equals_full` check a hook's
+  incremental contract: its verdict with carried state equals its verdict on the full history.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 
 from .backends.base import Backend, BackendEvent, Finish, GenerationRequest
 from .backends.simulated import SimulatedConfig, SimulatedEngine
+from .pipeline.hooks import Hook, HookContext
+from .pipeline.turn import Turn
+from .protocol import events as ev
+from .protocol.errors import ResponsesError
 from .protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, text_of
+from .state import ResponseState
 
 
 class RecordingBackend:
@@ -42,7 +52,9 @@ class ScriptedBackend:
 
     accepts_media = True
 
-    def __init__(self, scripts: Sequence[Sequence[BackendEvent]], models: Sequence[str] = ("sim-1",)) -> None:
+    def __init__(
+        self, scripts: Sequence[Sequence[BackendEvent]], models: Sequence[str] = ("sim-1",)
+    ) -> None:
         if not scripts:
             raise ValueError("ScriptedBackend needs at least one script")
         self.scripts = [list(s) for s in scripts]
@@ -71,7 +83,12 @@ def item_identity(item: Item) -> tuple[Any, ...]:
         out = item.output if isinstance(item.output, str) else text_of(item.output)
         return ("function_call_output", item.call_id, out)
     if isinstance(item, Reasoning):
-        return ("reasoning", msgspec.json.encode(item.summary), msgspec.json.encode(item.content), item.encrypted_content)
+        return (
+            "reasoning",
+            msgspec.json.encode(item.summary),
+            msgspec.json.encode(item.content),
+            item.encrypted_content,
+        )
     raise TypeError(item)
 
 
@@ -84,3 +101,210 @@ def context_of(request: GenerationRequest) -> dict[str, Any]:
         "items": [item_identity(i) for i in request.conversation.items()],
         "prompt": prompt,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Running turns without sockets, and checking hooks' incremental contract.
+# --------------------------------------------------------------------------------------------
+
+TurnInput = str | Sequence[Item] | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """One turn run by :func:`run_turns`: its events (as the wire would carry them), the child
+    state (``None`` when the turn was rejected before ``response.created``) and the error."""
+
+    events: list[dict[str, Any]]
+    state: ResponseState | None
+    error: ResponsesError | None = None
+
+    @property
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        return (
+            self.events[-1]["response"] if self.events and "response" in self.events[-1] else None
+        )
+
+
+def _body(turn: TurnInput, model: str) -> dict[str, Any]:
+    if isinstance(turn, Mapping):
+        body = dict(turn)
+        body.setdefault("model", model)
+        return body
+    if isinstance(turn, str):
+        return {"model": model, "input": turn}
+    return {
+        "model": model,
+        "input": [msgspec.to_builtins(i) if not isinstance(i, Mapping) else dict(i) for i in turn],
+    }
+
+
+async def run_turns(
+    target: Any,
+    turns: Sequence[TurnInput],
+    *,
+    model: str | None = None,
+    tenant: str = "test",
+    transport: Literal["http", "websocket"] = "http",
+    lane: str | None = None,
+    backend: Backend | None = None,
+    parent: ResponseState | None = None,
+    chain: bool = True,
+) -> list[TurnResult]:
+    """Run ``turns`` through a pipeline, each continuing the last accepted one, without sockets.
+
+    ``target``: an app from :func:`~responses_cache.create_app`, a
+    :class:`~responses_cache.service.ResponsesService` or a bare
+    :class:`~responses_cache.pipeline.pipeline.Pipeline` (served by ``backend``, an instant
+    simulated engine by default). A turn is a string (one user message), a list of items (or of
+    item dicts), or a whole request body. A turn rejected before generation (a ``before`` hook's
+    flag, a validation error) is recorded with its error and the next turn continues the last
+    accepted response, as a client would.
+    """
+    from .pipeline.pipeline import Pipeline
+    from .protocol.request import decode_create, decode_input
+    from .protocol.tools import parse_tools
+    from .routing import Route
+
+    service = getattr(getattr(target, "state", None), "service", None) or target
+    if isinstance(service, Pipeline):
+        pipeline = service
+        engine = backend or SimulatedEngine(SimulatedConfig(instant=True))
+        route = Route(name="test", model=model or engine.models()[0], backend=engine, renderer=None)
+        resolve: Any = lambda _model: route  # noqa: E731
+        default_model = route.model
+    else:
+        pipeline = service.pipeline
+        router = service.router
+        default_model = model or router.models()[0]
+        resolve = lambda m: router.resolve(m, tenant)  # noqa: E731
+    results: list[TurnResult] = []
+    for i, spec in enumerate(turns):
+        body = _body(spec, model or default_model)
+        if chain and parent is not None and "previous_response_id" not in body:
+            body["previous_response_id"] = parent.id
+        events: list[dict[str, Any]] = []
+
+        async def emit(event: ev.Event, sink: list[dict[str, Any]] = events) -> None:
+            sink.append(msgspec.to_builtins(event))
+
+        try:
+            request = decode_create(msgspec.json.encode(body))
+            turn = Turn(
+                request=request,
+                items=decode_input(request.input),
+                tools=parse_tools(request.tools),
+                tenant=tenant,
+                transport=transport,
+                lane=lane,
+                response_id=f"resp_test{i:04d}",
+                created_at=0.0,
+            )
+            state = await pipeline.run(
+                turn, parent if chain else None, resolve(request.model), emit
+            )
+        except ResponsesError as exc:
+            results.append(TurnResult(events, None, exc))
+            continue
+        results.append(TurnResult(events, state))
+        if state.response.status != "failed":
+            parent = state
+    return results
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """Where a hook's incremental verdict differed from its verdict on the full history."""
+
+    turn: int
+    field: str
+    incremental: Any
+    full: Any
+
+    def __str__(self) -> str:
+        return f"turn {self.turn}: {self.field} incremental={self.incremental!r} full={self.full!r}"
+
+
+TEST_CONTEXT = HookContext(
+    tenant="test", model="test-model", response_id="resp_test", lane=None, transport="http"
+)
+
+
+async def hook_equivalence(
+    hook: Hook,
+    turns: Sequence[Sequence[Item]],
+    *,
+    ctx: HookContext = TEST_CONTEXT,
+    keep_flagged: bool | None = None,
+) -> list[Mismatch]:
+    """Run ``hook`` turn by turn with its carried state, and once over the full history at each
+    turn; return every difference (``flagged``, ``code``, ``message`` and the returned ``items``,
+    compared with the tail of the full run's items).
+
+    A flagged turn is dropped from the history when the hook is a ``before`` hook (the pipeline
+    rejects it and the client continues the previous response) and kept for an ``alongside`` hook
+    (the stopped response can be continued); ``keep_flagged`` overrides that.
+    """
+    keep = hook.phase == "alongside" if keep_flagged is None else keep_flagged
+    history: list[Item] = []
+    state: Any = None
+    mismatches: list[Mismatch] = []
+    for n, new in enumerate(turns):
+        new = list(new)
+        inc = await hook(ctx, new, state)
+        full = await hook(ctx, [*history, *new], None)
+        for name in (
+            ("flagged", "code", "message") if (inc.flagged or full.flagged) else ("flagged",)
+        ):
+            a, b = getattr(inc, name), getattr(full, name)
+            if a != b:
+                mismatches.append(Mismatch(n, name, a, b))
+        inc_items = [item_identity(i) for i in (inc.items if inc.items is not None else new)]
+        full_all = list(full.items) if full.items is not None else [*history, *new]
+        full_items = [item_identity(i) for i in full_all[len(history) :]]
+        if not inc.flagged and inc_items != full_items:
+            mismatches.append(Mismatch(n, "items", inc_items, full_items))
+        if inc.flagged and not keep:
+            continue
+        state = inc.state
+        history.extend(inc.items if inc.items is not None else new)
+    return mismatches
+
+
+def _run_sync(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("called from a running event loop: await hook_equivalence(...) instead")
+
+
+def check_hook_equivalence(
+    hook: Hook, turns: Sequence[Sequence[Item]], *, keep_flagged: bool | None = None
+) -> list[Mismatch]:
+    """Synchronous :func:`hook_equivalence` (for plain and hypothesis tests)."""
+    result: list[Mismatch] = _run_sync(hook_equivalence(hook, turns, keep_flagged=keep_flagged))
+    return result
+
+
+def assert_incremental_equals_full(
+    hook: Hook,
+    conversations: Iterable[Sequence[Sequence[Item]]],
+    *,
+    keep_flagged: bool | None = None,
+) -> None:
+    """Assert that ``hook`` is incremental-equals-full on every conversation (a list of turns)."""
+    failures: list[str] = []
+    for c, turns in enumerate(conversations):
+        failures.extend(
+            f"conversation {c}, {m}"
+            for m in check_hook_equivalence(hook, turns, keep_flagged=keep_flagged)
+        )
+    assert not failures, f"{getattr(hook, 'name', hook)!r} is not incremental:\n" + "\n".join(
+        failures
+    )

@@ -10,6 +10,7 @@ with ``response.failed`` (the returned state then has status ``failed``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -96,38 +97,28 @@ class Pipeline:
         alongside_state: dict[str, Any] = {}
         engine_usage = None
         try:
+            finish: Finish | None = None
+            history = parent.conversation if parent else None
             if request.generate:
-                generation = GenerationRequest(
-                    response_id=turn.response_id,
-                    model=turn.model,
-                    instructions=request.instructions,
-                    tools=turn.tools,
-                    conversation=input_context,
-                    prompt=Prompt(rendered.log, route.renderer) if rendered and route.renderer else None,
-                    affinity_key=f"{turn.tenant}/{turn.lane or ''}/{route.replica_for(turn.tenant + (turn.lane or ''))}",
-                    max_output_tokens=request.max_output_tokens,
-                    temperature=request.temperature,
-                    top_p=request.top_p,
-                    tool_choice=request.tool_choice,
-                    parallel_tool_calls=request.parallel_tool_calls,
-                    reasoning=request.reasoning,
-                    metadata=request.metadata or {},
-                )
+                generation = self._generation_request(turn, route, rendered, input_context)
                 late_flag, alongside_state, finish = await self._generate(route, generation, out, ctx, items, parent)
                 engine_usage = finish.usage if finish else None
-                if late_flag is not None:
-                    await out.close("incomplete")
-                    if self.hooks.late_flag == "failed":
-                        status, error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
-                    else:
-                        status, incomplete = "incomplete", IncompleteDetails("content_filter")
-                elif finish is not None and finish.reason in ("length", "content_filter"):
-                    await out.close("incomplete")
-                    status, incomplete = "incomplete", IncompleteDetails(
-                        "max_output_tokens" if finish.reason == "length" else "content_filter"
-                    )
+            elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
+                late_flag, alongside_state = await self.hooks.run_alongside(
+                    ctx, items, parent.hook_state if parent else {}, history=history
+                )
+            if late_flag is not None:
+                await out.close("incomplete")
+                if self.hooks.late_flag == "failed":
+                    status, error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
                 else:
-                    await out.close()
+                    status, incomplete = "incomplete", IncompleteDetails("content_filter")
+            elif finish is not None and finish.reason in ("length", "content_filter"):
+                await out.close("incomplete")
+                reason = "max_output_tokens" if finish.reason == "length" else "content_filter"
+                status, incomplete = "incomplete", IncompleteDetails(reason)
+            else:
+                await out.close()
         except asyncio.CancelledError:
             self._bill(turn, route, rendered, out, "cancelled", engine_usage)
             self.metrics.inc("responses_cancelled_total")
@@ -164,8 +155,11 @@ class Pipeline:
             total_bytes=(parent.total_bytes if parent else 0) + sum(len(msgspec.json.encode(i)) for i in own_items),
         )
         if request.store and self.store is not None and status != "failed":
+            # A full-input request matched against the cache has no previous_response_id: store the
+            # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
+            stored_input = (*context.items(), *items) if turn.reused_items else tuple(items)
             await self.store.put(
-                StoredResponse(turn.tenant, final, tuple(items), request.instructions, bytes(request.tools) or b"[]")
+                StoredResponse(turn.tenant, final, stored_input, request.instructions, bytes(request.tools) or b"[]")
             )
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
@@ -179,6 +173,29 @@ class Pipeline:
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
+
+    @staticmethod
+    def _generation_request(
+        turn: Turn, route: Route, rendered: Rendered | None, context: Conversation
+    ) -> GenerationRequest:
+        request = turn.request
+        lane = turn.lane or ""
+        return GenerationRequest(
+            response_id=turn.response_id,
+            model=turn.model,
+            instructions=request.instructions,
+            tools=turn.tools,
+            conversation=context,
+            prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
+            affinity_key=f"{turn.tenant}/{lane}/{route.replica_for(turn.tenant + '/' + lane)}",
+            max_output_tokens=request.max_output_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            reasoning=request.reasoning,
+            metadata=request.metadata or {},
+        )
 
     async def _generate(
         self,
@@ -199,13 +216,29 @@ class Pipeline:
                 )
             )
         finish: Finish | None = None
+        states: dict[str, Any] = {}
         stream = route.backend.generate(generation)
+        events = stream.__aiter__()
         try:
-            async for event in stream:
-                if watcher is not None and watcher.done():
-                    flag, states = watcher.result()
-                    if flag is not None:
-                        return flag, states, finish
+            while True:
+                try:
+                    if watcher is None:
+                        event = await events.__anext__()
+                    else:
+                        # Race the next event against the hooks, so a flag stops a stalled engine too.
+                        step = asyncio.ensure_future(events.__anext__())
+                        await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                        if watcher.done():
+                            flag, states = watcher.result()
+                            watcher = None
+                            if flag is not None:
+                                step.cancel()
+                                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                                    await step
+                                return flag, states, None
+                        event = await step
+                except StopAsyncIteration:
+                    break
                 if isinstance(event, Finish):
                     finish = event
                     break
@@ -214,12 +247,12 @@ class Pipeline:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
-            if watcher is not None and not watcher.done() and finish is None:
+            if watcher is not None and finish is None:
                 watcher.cancel()
         if watcher is not None:
             flag, states = await watcher
             return flag, states, finish
-        return None, {}, finish
+        return None, states, finish
 
     def _usage(self, rendered: Rendered | None, out: OutputBuilder, engine: Any) -> Usage:
         prompt = rendered.log.num_tokens if rendered else (engine.prompt_tokens or 0 if engine else 0)
