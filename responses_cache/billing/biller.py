@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -50,6 +51,7 @@ class _Default:
 
 
 _DEFAULT: Final = _Default()
+_OVERFLOW_WARN_EVERY: Final = 60.0  # seconds between "in-memory overflow" warnings
 
 
 class BillerStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,9 +126,11 @@ class Biller:
         self._queue: deque[UsageRecord] = deque()
         self._overflow: deque[UsageRecord] = deque()
         self._closed = False  # set when stop() begins: submit() bypasses the queue
+        self._finalized = False  # set once stop() no longer drains anything
         self._submitted = 0
         self._spilled = 0
         self._overflowed = 0
+        self._overflow_warned_at = -_OVERFLOW_WARN_EVERY
 
         # Owned by the event loop thread.
         self._state: _State = "new"
@@ -260,6 +264,12 @@ class Biller:
         limit = self._stop_timeout if isinstance(timeout, _Default) else timeout
         if self._state == "stopped":
             return
+        if self._state == "new" and self.pending:
+            # Never started, but holding records: run the worker once to deliver them.
+            try:
+                await self.start()
+            except Exception:
+                logger.exception("could not start the Biller to drain it on stop()")
         if self._state in ("new", "starting") or self._stop_lock is None:
             await self._close_never_started()
             return
@@ -315,9 +325,15 @@ class Biller:
             was_empty = not self._overflow
             self._overflow.extend(records)
             self._overflowed += len(records)
-        if late and self._state == "stopped":
+        if late and self._finalized:
             _log_undeliverable(records)
         elif was_empty:
+            self._warn_overflow()
+
+    def _warn_overflow(self) -> None:
+        now = time.monotonic()
+        if now - self._overflow_warned_at >= _OVERFLOW_WARN_EVERY:
+            self._overflow_warned_at = now
             logger.warning(
                 "holding usage records in an in-memory overflow (queue full or sink failing, "
                 "and no usable spill file); configure spill_path to bound memory"
@@ -559,6 +575,7 @@ class Biller:
         """After the worker: persist stragglers; report what cannot survive the process."""
         with self._lock:
             self._closed = True
+            self._finalized = True  # from now on, _store logs what it cannot persist
             leftovers = list(self._queue)
             self._queue.clear()
         if leftovers:

@@ -301,10 +301,11 @@ class SqliteSink:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(self._insert, rows)
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # COMMIT itself can fail (SQLITE_BUSY, disk full)
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
 
     def _close_sync(self) -> None:
         if self._conn is not None:
@@ -336,6 +337,15 @@ _WEBHOOK_EXTRA_HINT = (
 )
 
 
+def _require_webhook_extra() -> None:
+    """Fail early, with the fix in the message, if the ``webhook`` extra is not installed."""
+    try:
+        import httpx  # noqa: F401
+        import tenacity  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(_WEBHOOK_EXTRA_HINT) from exc
+
+
 class WebhookSink:
     """POST each batch as a JSON array of records to ``url``.
 
@@ -362,14 +372,9 @@ class WebhookSink:
         backoff_max: float = 10.0,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        try:
-            import httpx
-            import tenacity
-        except ImportError as exc:
-            raise ImportError(_WEBHOOK_EXTRA_HINT) from exc
+        _require_webhook_extra()
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        del httpx, tenacity  # imported again where used (cached in sys.modules)
         self._url = url
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         self._timeout = timeout

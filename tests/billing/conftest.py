@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -116,8 +117,6 @@ def spill_ids(path: Path) -> list[str]:
         return []
     out = []
     for line in path.read_bytes().split(b"\n"):
-        try:
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
             out.append(decode_record(line).response_id)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            pass
     return out

@@ -96,7 +96,7 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str) -> None:
     line = proc.stdout.readline().strip()
     if line != expected:
         proc.kill()
-        proc.wait()
+        proc.communicate()
         raise AssertionError(f"child said {line!r}, expected {expected!r}")
 
 
@@ -124,7 +124,7 @@ async def test_records_spilled_before_sigkill_are_delivered_after_restart(
         wait_for_line(proc, "spilled")
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # reaps the child and closes its pipe
     assert proc.returncode == -signal.SIGKILL
 
     sink = MemorySink()

@@ -115,7 +115,7 @@ async def test_sqlite_failed_batch_is_rolled_back(tmp_path: Path) -> None:
     path = tmp_path / "usage.db"
     sink = SqliteSink(path)
     await sink.write([make_record(0)])
-    bad = make_record(1, tenant=None)  # type: ignore[arg-type]  # violates NOT NULL
+    bad = make_record(1, tenant=None)  # violates NOT NULL
     with pytest.raises(sqlite3.IntegrityError):
         await sink.write([make_record(2), bad])
     await sink.write([make_record(2)])

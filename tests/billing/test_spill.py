@@ -134,7 +134,7 @@ def test_read_requires_open(tmp_path: Path) -> None:
         SpillFile(tmp_path / "s").read(1)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(n=st.integers(1, 12), cut=st.integers(0, 10_000))
 def test_any_torn_tail_loses_only_the_torn_record(n: int, cut: int) -> None:
     """A crash at any byte of the last append leaves every earlier record readable."""
