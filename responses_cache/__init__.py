@@ -15,6 +15,15 @@ from .backends import (
     SimulatedConfig,
     SimulatedEngine,
 )
+from .billing import (
+    Biller,
+    BillingSink,
+    CallableSink,
+    JsonlSink,
+    SqliteSink,
+    UsageRecord,
+    WebhookSink,
+)
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline import Hook, HookContext, HookRunner, Limits, Pipeline, Verdict
 from .protocol.errors import ResponsesError
@@ -33,11 +42,15 @@ __all__ = [
     "Backend",
     "BackendError",
     "BearerKeys",
+    "Biller",
+    "BillingSink",
+    "CallableSink",
     "GenerationRequest",
     "Hook",
     "HookContext",
     "HookRunner",
     "InMemoryMetrics",
+    "JsonlSink",
     "Limits",
     "MemoryResponseStore",
     "Metrics",
@@ -55,10 +68,13 @@ __all__ = [
     "SessionConfig",
     "SimulatedConfig",
     "SimulatedEngine",
+    "SqliteSink",
     "StaticRouter",
     "StoredResponse",
+    "UsageRecord",
     "Verdict",
     "WebSocketMode",
+    "WebhookSink",
     "__version__",
     "create_app",
 ]

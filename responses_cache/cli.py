@@ -6,6 +6,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .billing import Biller
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -21,11 +25,29 @@ def _serve(args: argparse.Namespace) -> int:
         print("--instant applies to the simulated backend only", file=sys.stderr)
         return 2
     backend = load_backend(args.backend, **options)
+    billing = _biller(args)
     keys = args.api_key or ([os.environ["RESPONSES_CACHE_API_KEY"]] if os.environ.get("RESPONSES_CACHE_API_KEY") else None)
-    app = create_app(ServerConfig(backend=backend, api_keys=keys, renderer=args.renderer or None))
+    app = create_app(ServerConfig(backend=backend, api_keys=keys, renderer=args.renderer or None, billing=billing))
     print(f"responses-cache: serving {args.backend} on http://{args.host}:{args.port}/v1 (WebSocket: ws://{args.host}:{args.port}/v1/responses)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
     return 0
+
+
+def _biller(args: argparse.Namespace) -> Biller | None:
+    from .billing import Biller, JsonlSink, SqliteSink, WebhookSink
+
+    chosen = [
+        (flag, value)
+        for flag, value in (("jsonl", args.billing_jsonl), ("sqlite", args.billing_sqlite), ("webhook", args.billing_webhook))
+        if value
+    ]
+    if not chosen:
+        return None
+    if len(chosen) > 1:
+        raise SystemExit("responses-cache: choose one of --billing-jsonl, --billing-sqlite, --billing-webhook")
+    kind, value = chosen[0]
+    sink = JsonlSink(value) if kind == "jsonl" else SqliteSink(value) if kind == "sqlite" else WebhookSink(value)
+    return Biller(sink, spill_path=args.billing_spill)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,6 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--instant", action="store_true", help="simulated engine with zero latency")
     serve.add_argument("--renderer", default="harmony", help="prompt renderer: harmony, chatml, or '' for none")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--billing-jsonl", metavar="PATH", help="write usage records to a JSONL file")
+    serve.add_argument("--billing-sqlite", metavar="PATH", help="write usage records to a SQLite database")
+    serve.add_argument("--billing-webhook", metavar="URL", help="POST usage records to a webhook (needs the webhook extra)")
+    serve.add_argument(
+        "--billing-spill", metavar="PATH", default=os.environ.get("RESPONSES_CACHE_BILLING_SPILL"),
+        help="write-ahead spill file for records the sink cannot take yet (replayed at start)",
+    )
     serve.set_defaults(func=_serve)
     bench = sub.add_parser("bench", help="benchmark the server over loopback (see docs/benchmarks.md)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

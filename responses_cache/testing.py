@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -308,3 +310,51 @@ def assert_incremental_equals_full(
     assert not failures, f"{getattr(hook, 'name', hook)!r} is not incremental:\n" + "\n".join(
         failures
     )
+
+
+@dataclass
+class LiveServer:
+    """A server running in a background thread on a free loopback port (see :func:`serve_in_thread`)."""
+
+    app: Any
+    host: str
+    port: int
+    _server: Any = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}/v1/responses"
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit (lifespan shutdown runs) and wait for its thread."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> LiveServer:
+    """Run ``app`` under uvicorn in a daemon thread and return once it accepts connections."""
+    import socket
+
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=16 * 1024 * 1024, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    return LiveServer(app, host, port, server, thread)

@@ -5,6 +5,7 @@ Counted, not timed: tokens encoded by the renderer, items validated, tool lists 
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -56,4 +57,4 @@ def test_tokens_encoded_and_items_validated_do_not_grow_with_history(live_server
     # The history grows by ~1k tokens a turn; the work per turn stays the same.
     assert len(set(encoded)) == 1, encoded
     assert encoded[0] < 2 * renderer.count_text(OUTPUT)
-    assert all(b > a for a, b in zip(cached, cached[1:], strict=False))  # the reused prefix grows
+    assert all(b > a for a, b in itertools.pairwise(cached))  # the reused prefix grows

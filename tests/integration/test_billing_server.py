@@ -1,0 +1,156 @@
+"""Billing through the real server: overlapped with the turn, partial usage on disconnect, and
+nothing lost when the server process gets SIGTERM under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.sync.client import connect
+
+from responses_cache import Biller, CallableSink, SimulatedConfig, SimulatedEngine, UsageRecord
+
+
+class GatedSink:
+    """A sink whose writes block until the test opens the gate (a very slow sink)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+        self.records: list[UsageRecord] = []
+
+    async def write(self, records: Any) -> None:
+        self.writing.set()
+        while not self.gate.is_set():
+            await asyncio.sleep(0.005)
+        self.records.extend(records)
+
+    async def close(self) -> None:
+        pass
+
+
+def _recv_until(ws: Any, *types: str) -> dict[str, Any]:
+    while True:
+        event = json.loads(ws.recv())
+        if event["type"] in types:
+            return dict(event)
+
+
+def test_completed_reaches_client_before_slow_sink_records(live_server_factory: Any) -> None:
+    sink = GatedSink()
+    biller = Biller(sink, flush_interval=0.001)
+    server = live_server_factory(billing=biller)
+    with connect(server.ws_url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "hi"}))
+        first = _recv_until(ws, "response.completed")
+        assert sink.writing.wait(5)  # the sink is busy with the first record …
+        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "again",
+                            "previous_response_id": first["response"]["id"]}))
+        second = _recv_until(ws, "response.completed")  # … and the next turn completes anyway
+        assert sink.records == []
+    sink.gate.set()
+    deadline = time.monotonic() + 5
+    while len(sink.records) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    by_id = {r.response_id: r for r in sink.records}
+    assert set(by_id) == {first["response"]["id"], second["response"]["id"]}
+    record = by_id[second["response"]["id"]]
+    usage = second["response"]["usage"]
+    assert record.status == "completed" and record.transport == "websocket"
+    assert record.input_tokens == usage["input_tokens"] and record.output_tokens == usage["output_tokens"]
+    assert record.cached_tokens == usage["input_tokens_details"]["cached_tokens"] > 0
+    assert record.previous_response_id == first["response"]["id"]
+
+
+def test_disconnect_mid_stream_bills_partial_usage(live_server_factory: Any) -> None:
+    records: list[UsageRecord] = []
+    biller = Biller(CallableSink(records.extend), flush_interval=0.001)
+    engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
+    server = live_server_factory(backend=engine, billing=biller)
+    with connect(server.ws_url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "write a lot"}))
+        created = _recv_until(ws, "response.created")
+        for _ in range(5):
+            _recv_until(ws, "response.output_text.delta")
+    deadline = time.monotonic() + 10
+    while not records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(records) == 1
+    record = records[0]
+    assert record.response_id == created["response"]["id"]
+    assert record.status == "cancelled"
+    assert 5 <= record.output_tokens < 400 and record.input_tokens > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
+    port = _free_port()
+    ledger, spill = tmp_path / "usage.jsonl", tmp_path / "spill.jsonl"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(port), "--instant",
+         "--billing-jsonl", str(ledger), "--billing-spill", str(spill)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()  # the "serving" line
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.05)
+        seen: set[str] = set()
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def client() -> None:
+            try:
+                with connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None) as ws:
+                    previous = None
+                    while not stop.is_set():
+                        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "go",
+                                            "previous_response_id": previous}))
+                        while True:
+                            event = json.loads(ws.recv())
+                            if event["type"] == "response.created":
+                                with lock:
+                                    seen.add(event["response"]["id"])
+                            if event["type"] in ("response.completed", "response.failed", "error"):
+                                previous = event.get("response", {}).get("id")
+                                break
+            except Exception:
+                return  # the server went away: expected
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        while len(seen) < 200:
+            time.sleep(0.01)
+        server.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully (lifespan stops the biller), then re-raises the signal.
+        assert server.wait(30) in (0, -signal.SIGTERM)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    billed = [json.loads(line)["response_id"] for line in ledger.read_text().splitlines()]
+    assert len(billed) == len(set(billed))  # once per response id
+    assert seen <= set(billed), f"{len(seen - set(billed))} responses were not billed"
