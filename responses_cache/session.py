@@ -16,7 +16,12 @@ from typing import Any
 import msgspec
 
 from .protocol import events as ev
-from .protocol.errors import ErrorPayload, ResponsesError, invalid_request, previous_response_not_found
+from .protocol.errors import (
+    ErrorPayload,
+    ResponsesError,
+    invalid_request,
+    previous_response_not_found,
+)
 from .protocol.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -28,7 +33,7 @@ from .protocol.items import (
 from .protocol.request import CreateResponse, decode_create
 from .state import ResponseState
 
-_STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+_STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _IGNORED = frozenset({"response.processed", "response.append"})
 
 
@@ -116,6 +121,7 @@ class Session:
         self.in_flight = 0
         self.expired = False
         self.close_code: int | None = None
+        self._limit_sent = False
 
     # -- input ------------------------------------------------------------------------------------
 
@@ -140,7 +146,7 @@ class Session:
             self._error(invalid_request(message, "type", "invalid_value" if kind is not None else "missing_required_parameter"), None)
             return
         lane = probe.stream_id
-        if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.match(lane)):
+        if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.fullmatch(lane)):
             self._error(
                 invalid_request(
                     "The 'stream_id' field must be a non-empty string with at most 256 characters and may only "
@@ -192,7 +198,7 @@ class Session:
                 self._limit_reached(pending.lane)
             self._waiting.clear()
         if self.expired and self.in_flight == 0 and self.close_code is None:
-            if not any(isinstance(e, ev.ErrorEvent) and e.error.code == "websocket_connection_limit_reached" for e in self._outbox):
+            if not self._limit_sent:  # the client has not been told yet: tell it before closing
                 self._limit_reached()
             self.close_code = 1000
 
@@ -239,7 +245,7 @@ class Session:
         if count == 0 or count > len(items):
             return None
         cached = state.conversation.items()
-        for mine, theirs in zip(cached, items):
+        for mine, theirs in zip(cached, items, strict=False):
             if _identity(mine) != _identity(theirs):
                 return None
         return state, count
@@ -275,6 +281,8 @@ class Session:
         self.cache.clear()
         self._waiting.clear()
         self._outbox.clear()
+        self._active_lanes.clear()
+        self._named_lanes.clear()
 
     # -- output -----------------------------------------------------------------------------------
 
@@ -293,6 +301,7 @@ class Session:
         self._outbox.append(ev.ErrorEvent(status=exc.status, error=exc.payload, stream_id=lane))
 
     def _limit_reached(self, lane: str | None = None) -> None:
+        self._limit_sent = True
         minutes = round(self.config.lifetime_s / 60)
         self._outbox.append(
             ev.ErrorEvent(
@@ -306,17 +315,20 @@ class Session:
         )
 
     def _steer_unsupported(self, text: str | bytes) -> None:
-        try:
-            raw = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            raw = {}
+        raw = msgspec.json.decode(text)  # already known to be a JSON object
+        target = raw.get("previous_response_id")
+        target = target if isinstance(target, str) else ""
+        found = self.cache.find(target) if target else None
         self._outbox.append(
             SteerFailed(
-                steer={"previous_response_id": raw.get("previous_response_id"), "input": raw.get("input")},
+                # The original input goes back to the client, unchanged; no steer id was allocated.
+                steer={"previous_response_id": target, "input": raw.get("input", "")},
                 error=ErrorPayload(
                     "invalid_request_error", "steering_not_supported",
                     "Steering is not supported by this server.", None,
                 ),
+                sequence_number=0,
+                stream_id=found[0] if found is not None else None,
             )
         )
 

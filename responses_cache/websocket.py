@@ -28,13 +28,19 @@ from .auth import AllowAll, Authenticator
 from .metrics import Metrics, NullMetrics
 from .protocol import events as ev
 from .protocol.codec import encode
-from .protocol.errors import HTTPErrorBody, ResponsesError, previous_response_not_found, server_error
+from .protocol.errors import (
+    HTTPErrorBody,
+    ResponsesError,
+    previous_response_not_found,
+    server_error,
+)
 from .routing import RouteCache
 from .service import ResponsesService
 from .session import PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
 logger = logging.getLogger("responses_cache.websocket")
+_CLOSE = b""  # outbound marker: close the socket (encoded events are never empty)
 
 
 class WebSocketMode:
@@ -106,15 +112,15 @@ class _Connection:
 
     async def run(self) -> None:
         writer = asyncio.ensure_future(self._writer())
-        timer = asyncio.get_running_loop().call_at(
-            asyncio.get_running_loop().time() + self.mode.config.lifetime_s, self._tick
-        )
+        lifetime = asyncio.ensure_future(self._lifetime())
         close_code = 1000
+        disconnected = False
         try:
             while True:
                 message = await self.ws.receive()
                 kind = message["type"]
                 if kind == "websocket.disconnect":
+                    disconnected = True
                     break
                 text = message.get("text")
                 if text is None:
@@ -128,53 +134,68 @@ class _Connection:
                 if self.session.close_code is not None:
                     break
         finally:
-            timer.cancel()
             self.closed = True
+            lifetime.cancel()
             for task in list(self.turns):
                 task.cancel()
-            for task in list(self.turns):
-                with contextlib.suppress(BaseException):
-                    await task
+            # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
+            await asyncio.gather(lifetime, *self.turns, return_exceptions=True)
             self.session.close()
             if self.session.close_code is not None:
                 close_code = self.session.close_code
-            await self.outbound.put(None)
+            if disconnected:
+                writer.cancel()  # nobody to flush to
+            else:
+                await self.outbound.put(None)  # the writer never stops reading before this
             with contextlib.suppress(BaseException):
                 await writer
-            with contextlib.suppress(Exception):
-                await self.ws.close(close_code)
+            if not disconnected:
+                with contextlib.suppress(Exception):
+                    await self.ws.close(close_code)
 
-    def _tick(self) -> None:
-        self.session.tick(time.monotonic() + 1e-3)
-        asyncio.ensure_future(self._pump())
+    async def _lifetime(self) -> None:
+        """At the connection's deadline, tell the session (which refuses new work and closes)."""
+        deadline = self.session.deadline
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        self.session.tick(max(time.monotonic(), deadline))
+        await self._pump()
 
     async def _pump(self) -> None:
         """Send the session's errors, start what may start, and close when the session says so."""
         for event in self.session.drain():
             await self._send(event)
+        if self.closed:
+            return
         for pending in self.session.startable():
             task = asyncio.ensure_future(self._turn(pending))
             self.turns.add(task)
             task.add_done_callback(self.turns.discard)
-        if self.session.close_code is not None and not self.closed:
-            await self.outbound.put(None)
+        if self.session.close_code is not None:
+            await self.outbound.put(_CLOSE)
 
     async def _send(self, event: ev.Event) -> None:
         if not self.closed:
             await self.outbound.put(encode(event))
 
     async def _writer(self) -> None:
+        """Drains the outbound queue until ``None``. It keeps draining after the socket broke or was
+        closed (discarding), so that producers never block on a queue nobody reads."""
+        usable = True
         while True:
             data = await self.outbound.get()
             if data is None:
-                if self.session.close_code is not None and not self.closed:
-                    with contextlib.suppress(Exception):
-                        await self.ws.close(self.session.close_code)
                 return
+            if not usable:
+                continue
+            if data is _CLOSE:
+                usable = False
+                with contextlib.suppress(Exception):
+                    await self.ws.close(self.session.close_code or 1000)
+                continue
             try:
                 await self.ws.send_text(data.decode())
             except Exception:  # the peer went away; the reader sees the disconnect
-                return
+                usable = False
 
     async def _turn(self, pending: PendingTurn) -> None:
         state: ResponseState | None = None

@@ -8,7 +8,8 @@ through the create body's ``metadata`` (strings only, as the API requires):
 * ``call``: call this function instead (``args``: its JSON arguments, ``call_id`` optional);
 * ``gate``: after the first delta, wait until the test releases that gate (:meth:`Gates.release`);
 * ``fail_after``: raise :class:`BackendError` after that many deltas;
-* ``crash``: raise a plain ``RuntimeError`` after the first delta.
+* ``crash``: raise a plain ``RuntimeError`` after the first delta;
+* ``finish``: the finish reason (``length`` makes the response ``incomplete``).
 
 The server runs in its own thread and event loop, so gates are released thread-safely and tests
 wait for what the backend saw with :func:`until`.
@@ -136,7 +137,7 @@ class RecordingBackend:
             if fail_after is not None and fail_after >= len(pieces):
                 raise BackendError("The engine fell over.", code="server_error")
             call.outcome = "finished"
-            yield Finish("tool_calls" if "call" in meta else "stop")
+            yield Finish(meta.get("finish", "tool_calls" if "call" in meta else "stop"))  # type: ignore[arg-type]
         except asyncio.CancelledError:
             call.outcome = "cancelled"
             raise

@@ -12,7 +12,14 @@ from wsclient import check_event
 from responses_cache.conversation import EMPTY
 from responses_cache.protocol.codec import encode
 from responses_cache.protocol.errors import server_error
-from responses_cache.protocol.items import FunctionCall, FunctionCallOutput, InputText, Message, OutputText
+from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Message,
+    OutputText,
+)
+from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from responses_cache.session import PendingTurn, Session, SessionConfig
@@ -140,7 +147,7 @@ def test_32_named_lanes_then_stream_limit_reached() -> None:
 
 
 @pytest.mark.parametrize(
-    "stream_id", ["", "a" * 257, "has space", "slash/no", "ünï", "tab\t", 5, ["x"], {"a": 1}, True]
+    "stream_id", ["", "a" * 257, "has space", "slash/no", "ünï", "tab\t", "newline\n", 5, ["x"], {"a": 1}, True]
 )
 def test_invalid_stream_id(stream_id: Any) -> None:
     s = Session("t")
@@ -186,9 +193,10 @@ def test_response_processed_is_ignored() -> None:
         ("{}", "type", "missing_required_parameter"),
         ('{"type": "response.cancel"}', "type", "invalid_value"),
         ('{"type": "session.update"}', "type", "invalid_value"),
-        ('{"type": 7}', "type", "invalid_value"),
-        ('{"type": ["response.create"]}', "type", "invalid_value"),
-        ('{"type": {"a": 1}}', "type", "invalid_value"),
+        ('{"type": null}', "type", "missing_required_parameter"),
+        ('{"type": 7}', "type", "invalid_type"),
+        ('{"type": ["response.create"]}', "type", "invalid_type"),
+        ('{"type": {"a": 1}}', "type", "invalid_type"),
     ],
 )
 def test_bad_frames_get_an_error_event(frame: str, param: str | None, code: str) -> None:
@@ -239,6 +247,16 @@ def test_steer_is_answered_with_steering_not_supported() -> None:
     assert failed["error"]["type"] == "invalid_request_error"
     assert failed["steer"]["input"] == "shorter" and failed["steer"]["previous_response_id"] == "resp_1"
     assert "id" not in failed["steer"]
+
+
+def test_steer_failed_carries_the_target_lane() -> None:
+    s = Session("t")
+    s.finished(pending(s, stream_id="agent"), state("resp_1", "agent"))
+    s.receive(json.dumps({"type": "response.steer", "previous_response_id": "resp_1", "input": [{"type": "message", "role": "user", "content": "x"}]}))
+    s.receive(json.dumps({"type": "response.steer"}))  # malformed: still answered, still valid
+    lane, malformed = drained(s)
+    assert lane["stream_id"] == "agent" and lane["steer"]["input"] == [{"type": "message", "role": "user", "content": "x"}]
+    assert "stream_id" not in malformed and malformed["error"]["code"] == "steering_not_supported"
 
 
 # -- lifetime ---------------------------------------------------------------------------------------
@@ -362,8 +380,8 @@ def test_budget_evicts_least_recently_updated_lanes() -> None:
     s.finished(pending(s, stream_id="b"), state("rb", "b", (msg, msg)))
     s.finished(pending(s, stream_id="a"), state("ra2", "a", (msg,)))  # a is now the most recent
     assert set(s.cache.latest) == {"a", "b"}
-    s.finished(pending(s, stream_id="c"), state("rc", "c", (msg, msg)))
-    assert set(s.cache.latest) == {"a", "c"}  # b was least recently updated
+    s.finished(pending(s, stream_id="c"), state("rc", "c", (msg, msg, msg)))
+    assert set(s.cache.latest) == {"a", "c"}  # over budget: b was least recently updated
     s = Session("t", SessionConfig(max_cached_bytes=1000))
     s.finished(pending(s, stream_id="a"), state("ra", "a", nbytes=600))
     s.finished(pending(s, stream_id="b"), state("rb", "b", nbytes=600))
@@ -392,17 +410,20 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
         Message(role="assistant", content=[OutputText(text="ok")]),
         Message(role="user", content="more"),
     ]
-    turn = pending(s, stream_id="a", instructions="be brief")
+    turn = PendingTurn(decode_create(create(stream_id="a", instructions="be brief")), "a", 99)
     assert s.match_full_input(turn, resent, tools.fingerprint) == (s.cache.latest["a"], 4)
     assert s.match_full_input(turn, resent[:4], tools.fingerprint) == (s.cache.latest["a"], 4)
     assert s.match_full_input(turn, resent[:3], tools.fingerprint) is None  # shorter than the cache
     assert s.match_full_input(turn, resent, EMPTY_TOOLS.fingerprint) is None  # other tools
     changed = [*resent[:2], FunctionCallOutput(call_id="c1", output="other"), *resent[3:]]
     assert s.match_full_input(turn, changed, tools.fingerprint) is None
-    assert s.match_full_input(pending(s, stream_id="a", instructions="x"), resent, tools.fingerprint) is None
-    assert s.match_full_input(pending(s, stream_id="b", instructions="be brief"), resent, tools.fingerprint) is None
-    s.finished(pending(s, stream_id="f"), state("rf", "f", history, status="failed"))
-    assert s.match_full_input(pending(s, stream_id="f"), resent, EMPTY_TOOLS.fingerprint) is None
+    other_instructions = PendingTurn(decode_create(create(instructions="x")), "a", 100)
+    assert s.match_full_input(other_instructions, resent, tools.fingerprint) is None
+    other_lane = PendingTurn(decode_create(create(instructions="be brief")), "b", 101)
+    assert s.match_full_input(other_lane, resent, tools.fingerprint) is None
+    s.cache.put("f", state("rf", "f", history, status="failed"))
+    failed_lane = PendingTurn(decode_create(create()), "f", 102)
+    assert s.match_full_input(failed_lane, resent, EMPTY_TOOLS.fingerprint) is None
 
 
 # -- close ------------------------------------------------------------------------------------------

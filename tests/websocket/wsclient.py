@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, get_args
 
+import pydantic
 from openai._models import validate_type
 from openai.types.responses import ResponsesServerEvent, ResponseStreamEvent
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,7 +23,7 @@ TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 ERROR_KEYS = {"type", "code", "message", "param"}
 
 try:  # the default renderer, when the tokens package is there
-    from responses_cache.tokens import get_renderer  # type: ignore[attr-defined]
+    from responses_cache.tokens import get_renderer
 
     get_renderer("harmony")
     RENDERER: str | None = "harmony"
@@ -30,21 +31,40 @@ except (ImportError, AttributeError, KeyError, ValueError):
     RENDERER = None
 
 
+def _by_type(union: Any) -> dict[str, Any]:
+    members = get_args(get_args(union)[0])  # Annotated[Union[...], PropertyInfo(discriminator="type")]
+    return {get_args(m.model_fields["type"].annotation)[0]: m for m in members}
+
+
+#: The members of the SDK's unions by ``type``, to explain a failed validation readably.
+WS_EVENTS = _by_type(ResponsesServerEvent)
+SSE_EVENTS = _by_type(ResponseStreamEvent)
+
+
+def _validate(union: Any, members: dict[str, Any], d: dict[str, Any]) -> None:
+    """``validate_type`` (pydantic, strict about required fields and types) against the union."""
+    assert d.get("type") in members, d
+    try:
+        validate_type(type_=union, value=d)
+    except pydantic.ValidationError:
+        members[d["type"]].model_validate(d)  # the same failure, without 60 members' worth of noise
+        raise
+
+
 def check_event(d: Any) -> None:
     """Strict validation of one server event (checklist items 8, 9, 34)."""
     assert isinstance(d, dict), d
     assert "event" not in d  # JSON only: no SSE ``event:`` line folded in
     kind = d.get("type")
-    assert isinstance(kind, str), d
-    validate_type(type_=ResponsesServerEvent, value=d)  # type: ignore[arg-type]
+    _validate(ResponsesServerEvent, WS_EVENTS, d)
     if kind == "error":
         assert isinstance(d.get("status"), int), d
-        assert ERROR_KEYS <= set(d["error"]), d
+        assert set(d["error"]) >= ERROR_KEYS, d
         assert isinstance(d["error"]["type"], str) and isinstance(d["error"]["message"], str), d
     elif kind.startswith("response.steer."):
         assert isinstance(d.get("sequence_number"), int), d
     else:
-        validate_type(type_=ResponseStreamEvent, value=d)  # type: ignore[arg-type]
+        _validate(ResponseStreamEvent, SSE_EVENTS, d)
         assert isinstance(d.get("sequence_number"), int), d
     if "stream_id" in d:
         assert isinstance(d["stream_id"], str) and d["stream_id"], d
@@ -99,12 +119,19 @@ class WS:
             if predicate(d):
                 return out
 
-    async def finish(self, lane: str | None = None) -> list[dict[str, Any]]:
-        """Events until the next terminal or ``error`` event of ``lane``, all lanes included."""
-        return await self.recv_until(lambda d: d.get("stream_id") == lane and (d["type"] in TERMINAL or d["type"] == "error"))
+    async def finish(self, lane: Any = None) -> list[dict[str, Any]]:
+        """Events (all lanes) until the next terminal or ``error`` event of ``lane``, or an
+        ``error`` without a lane (the answer to an invalid ``stream_id`` or frame)."""
+
+        def done(d: dict[str, Any]) -> bool:
+            if d["type"] == "error" and "stream_id" not in d:
+                return True
+            return d.get("stream_id") == lane and (d["type"] in TERMINAL or d["type"] == "error")
+
+        return await self.recv_until(done)
 
     async def turn(self, **body: Any) -> list[dict[str, Any]]:
-        """Send one create and return its events (nothing else may be running on the socket)."""
+        """Send one create and return its events (no other lane may be streaming meanwhile)."""
         await self.create(**body)
         return await self.finish(body.get("stream_id"))
 
