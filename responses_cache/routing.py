@@ -17,7 +17,7 @@ from .backends.base import Backend
 from .protocol.errors import ResponsesError
 
 if TYPE_CHECKING:
-    from .tokens import Renderer
+    from .tokens.base import Renderer
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from starlette.types import ASGIApp
+
 from .conversation import EMPTY
 from .ids import new_id
 from .pipeline.pipeline import Pipeline
@@ -18,10 +20,15 @@ from .store import ResponseStore, load_chain
 
 
 class ResponsesService:
-    def __init__(self, router: Router, pipeline: Pipeline, store: ResponseStore | None) -> None:
+    def __init__(
+        self, router: Router, pipeline: Pipeline, store: ResponseStore | None, *, delegate_misses: bool = False
+    ) -> None:
         self.router = router
         self.pipeline = pipeline
         self.store = store
+        #: Hand an unknown ``previous_response_id`` (``store: true``) to the backend instead of
+        #: hydrating it here: the bridge's wrapped app keeps its own store.
+        self.delegate_misses = delegate_misses
         self.hydrations = 0
 
     def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
@@ -72,3 +79,12 @@ class ResponsesService:
             route=None,
             open_calls=open_calls,
         )
+
+
+def bridge_service(app: ASGIApp) -> ResponsesService:
+    """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``."""
+    from .bridge import AppBackend
+    from .routing import Route, StaticRouter
+
+    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
+    return ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)

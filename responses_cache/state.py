@@ -17,7 +17,7 @@ from .protocol.tools import ToolSet
 
 if TYPE_CHECKING:
     from .routing import Route
-    from .tokens import TokenLog
+    from .tokens.log import TokenLog
 
 
 @dataclass(frozen=True, slots=True)

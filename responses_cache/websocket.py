@@ -35,7 +35,7 @@ from .protocol.errors import (
     server_error,
 )
 from .routing import RouteCache
-from .service import ResponsesService
+from .service import ResponsesService, bridge_service
 from .session import PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
@@ -44,13 +44,18 @@ _CLOSE = b""  # outbound marker: close the socket (encoded events are never empt
 
 
 class WebSocketMode:
-    """ASGI middleware: ``WebSocketMode(app, service=..., paths=("/v1/responses",))``."""
+    """ASGI middleware: ``WebSocketMode(app, service=..., paths=("/v1/responses",))``.
+
+    With a ``service`` (what :func:`~responses_cache.create_app` passes) turns run through this
+    package's pipeline. Without one, each turn is bridged to ``app``'s own ``POST /v1/responses``
+    (see :mod:`responses_cache.bridge`), and upgrades are authorized by ``app`` itself.
+    """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        service: ResponsesService,
+        service: ResponsesService | None = None,
         paths: Sequence[str] = ("/v1/responses",),
         authenticator: Authenticator | None = None,
         config: SessionConfig | None = None,
@@ -59,6 +64,11 @@ class WebSocketMode:
         metrics: Metrics | None = None,
     ) -> None:
         self.app = app
+        if service is None:
+            from .bridge import AppAuthenticator
+
+            service = bridge_service(app)
+            authenticator = authenticator or AppAuthenticator(app)
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
         self.authenticator = authenticator or AllowAll()
@@ -105,6 +115,8 @@ class _Connection:
         self.ws = websocket
         self.service = mode.service
         self.session = Session(tenant, mode.config, now=time.monotonic())
+        #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
+        self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         self.routes = RouteCache(self.service.router, tenant)
         self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=mode.outbound_queue)
         self.turns: set[asyncio.Task[None]] = set()
@@ -220,6 +232,7 @@ class _Connection:
         service, session, metrics = self.service, self.session, self.mode.metrics
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
+        turn.headers = self.credentials
         parent = session.resolve(pending)
         wanted = pending.request.previous_response_id
         if wanted is not None:
@@ -228,9 +241,11 @@ class _Connection:
                 metrics.inc("cache_hits_total", labels)
             else:
                 metrics.inc("cache_misses_total", labels)
-                if pending.request.store:
+                if pending.request.store and service.delegate_misses:
+                    turn.delegated_parent = wanted
+                elif pending.request.store:
                     parent = await service.hydrate(session.tenant, wanted)
-                if parent is None:
+                if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
         else:

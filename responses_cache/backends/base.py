@@ -16,7 +16,7 @@ Response objects or wire events itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -24,7 +24,8 @@ from ..conversation import Conversation
 from ..protocol.tools import ToolSet
 
 if TYPE_CHECKING:
-    from ..tokens import Renderer, TokenLog
+    from ..tokens.base import Renderer
+    from ..tokens.log import TokenLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,12 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    #: Credentials of the client's request (``authorization``), for backends that forward them.
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: Set only when the server delegates an unknown ``previous_response_id`` to a backend that
+    #: keeps its own response store (the bridge to a wrapped app); ``conversation`` is then just
+    #: the new input.
+    previous_response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

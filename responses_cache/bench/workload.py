@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-#: Characters per token assumed when sizing text before the server reports real token counts.
-CHARS_PER_TOKEN = 4
+#: Characters per token assumed when sizing text before the server reports real token counts
+#: (code-like text under o200k/harmony: about 3.6; English prose: about 4.5).
+CHARS_PER_TOKEN = 3.6
 
 _NAMES = (
     "parser", "tokens", "session", "cache", "render", "buffer", "lane", "state", "request",
@@ -44,7 +45,7 @@ def _function(rng: random.Random) -> list[str]:
 def code_text(tokens: int, seed: int) -> str:
     """About ``tokens`` tokens of Python-like source, different for each ``seed``."""
     rng = random.Random(seed)
-    target = tokens * CHARS_PER_TOKEN
+    target = int(tokens * CHARS_PER_TOKEN)
     out: list[str] = [f"$ sed -n '1,{rng.randrange(200, 900)}p' src/{rng.choice(_NAMES)}/{rng.choice(_NAMES)}.py"]
     size = len(out[0])
     line_no = 1
@@ -63,7 +64,7 @@ def prose_text(tokens: int, seed: int) -> str:
     rng = random.Random(seed)
     words = ("the", "agent", "must", "run", "tests", "before", "editing", "files", "and", "explain",
              "each", "change", "briefly", "keep", "diffs", "small", "use", "tools", "carefully", "when")
-    target = tokens * CHARS_PER_TOKEN
+    target = int(tokens * 4.5)
     parts: list[str] = []
     size = 0
     while size < target:

@@ -66,7 +66,12 @@ class Pipeline:
         ctx = HookContext(turn.tenant, turn.model, turn.response_id, turn.lane, turn.transport)
 
         # validate: only the new items, against the calls the parent left open.
-        open_calls = self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
+        open_calls = self.validator(
+            turn.items,
+            parent.open_calls if parent else {},
+            accepts_media=route.backend.accepts_media,
+            check_calls=turn.delegated_parent is None,
+        )
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
@@ -195,6 +200,8 @@ class Pipeline:
             parallel_tool_calls=request.parallel_tool_calls,
             reasoning=request.reasoning,
             metadata=request.metadata or {},
+            headers=turn.headers,
+            previous_response_id=turn.delegated_parent,
         )
 
     async def _generate(

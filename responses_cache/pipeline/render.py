@@ -17,7 +17,8 @@ from ..protocol.tools import ToolSet
 from ..state import ResponseState
 
 if TYPE_CHECKING:
-    from ..tokens import Renderer, TokenLog
+    from ..tokens.base import Renderer
+    from ..tokens.log import TokenLog
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,10 @@ class Turn:
     #: leading input items that were already in the cached state.
     reused_items: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    #: Credentials from the client's request, forwarded to backends that need them.
+    headers: dict[str, str] = field(default_factory=dict)
+    #: An unknown parent delegated to the backend's own store (see ``GenerationRequest``).
+    delegated_parent: str | None = None
 
     @property
     def model(self) -> str:

@@ -27,9 +27,10 @@ class Validator:
         self.items_checked = 0
 
     def __call__(
-        self, items: list[Item], open_calls: Mapping[str, str], *, accepts_media: bool
+        self, items: list[Item], open_calls: Mapping[str, str], *, accepts_media: bool, check_calls: bool = True
     ) -> dict[str, str]:
-        """Validate ``items``; return the calls left open after them."""
+        """Validate ``items``; return the calls left open after them. ``check_calls=False`` when
+        the parent is not known here (delegated to a backend's own store)."""
         if len(items) > self.limits.max_items_per_turn:
             raise invalid_request(
                 f"Too many input items: {len(items)} (at most {self.limits.max_items_per_turn}).",
@@ -40,13 +41,13 @@ class Validator:
         for index, item in enumerate(items):
             self.items_checked += 1
             if isinstance(item, FunctionCallOutput):
-                if item.call_id not in pending:
+                if check_calls and item.call_id not in pending:
                     raise invalid_request(
                         f"No tool call found for function call output with call_id {item.call_id}.",
                         f"input[{index}].call_id",
                         "invalid_function_call_output",
                     )
-                pending.pop(item.call_id)
+                pending.pop(item.call_id, None)
             elif isinstance(item, FunctionCall):
                 pending[item.call_id] = item.name
             if not accepts_media and has_media(item):

@@ -44,6 +44,8 @@ class ToolSet(msgspec.Struct, frozen=True):
 
     tools: tuple[Tool, ...]
     fingerprint: bytes
+    #: The tool list exactly as the client sent it (JSON), for forwarding and echoing.
+    raw: bytes = b"[]"
 
     def functions(self) -> list[tuple[str | None, FunctionTool]]:
         """Every callable function as ``(namespace, tool)``, hosted tools left out."""
@@ -98,6 +100,6 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
             from .errors import from_validation_error
 
             raise from_validation_error(exc, f"tools[{i}]") from None
-    result = ToolSet(tuple(tools), hashlib.blake2b(data, digest_size=16).digest())
+    result = ToolSet(tuple(tools), hashlib.blake2b(data, digest_size=16).digest(), data)
     _cache[data] = result
     return result

@@ -1,12 +1,14 @@
 """Incremental tokenization: an append-only rendered-token log.
 
->>> from responses_cache.tokens import get_renderer
->>> r = get_renderer("harmony")                      # doctest: +SKIP
->>> log = r.begin(instructions, tools)               # header only          # doctest: +SKIP
->>> log = r.extend(log, new_items)                   # renders new items only # doctest: +SKIP
->>> ids = r.prompt(log)                              # + "<|start|>assistant" # doctest: +SKIP
+Usage (see ``docs/tokenization.md``)::
 
-See ``docs/tokenization.md``.
+    from responses_cache.tokens import get_renderer
+
+    r = get_renderer("harmony")                   # or get_renderer("chatml", encoding="cl100k_base")
+    log = r.begin(instructions, tools)            # header only
+    log = r.extend(log, new_input_items)          # renders the new items only
+    ids = r.prompt(log)                           # array('I'): log + "<|start|>assistant"
+    log = r.extend(log, output_items, sampled=sampled_ids)   # keep what the model produced
 """
 
 from .base import BaseRenderer, Renderer, RenderStats

@@ -52,6 +52,8 @@ class RenderStats:
     items_sampled: int = 0
     #: Sampled turns that could not be split one segment per item (kept as one block).
     sampled_unsplit: int = 0
+    #: Sampled turns whose ids lacked the template's structure (rendered from the items instead).
+    sampled_rejected: int = 0
     #: History rewrites (a template rule flipped and nodes were relinked).
     rewinds: int = 0
     #: Nodes relinked by those rewrites (their tokens are reused, not re-encoded).
@@ -73,6 +75,9 @@ class Renderer(Protocol):
 
     @property
     def stop_tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def generation_prompt(self) -> array[int]: ...
 
     def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes: ...
 
@@ -203,9 +208,13 @@ class BaseRenderer(ABC):
     ) -> TokenLog:
         """``log`` plus one segment per item; ``log``'s storage is shared, not copied.
 
-        With ``sampled``, ``items`` are one assistant turn's output and ``sampled`` the token ids
-        the model produced for it (after :meth:`prompt`'s generation prompt); those ids become
-        the segments as-is, split at message starts (see the template for its normalizations).
+        With ``sampled``, ``items`` are one assistant turn's output and ``sampled`` the complete
+        id stream the model produced for it after :meth:`prompt`'s generation prompt -- the
+        template's structural tokens included (harmony: ``<|channel|>…<|message|>…<|end|>
+        <|start|>assistant…<|call|>``), not just the ids of the text deltas. Those ids become the
+        segments as-is, split at message starts (see the template for its normalizations). Ids
+        without the template's structure are detected where the template allows it (harmony) and
+        the items are rendered instead (``stats.sampled_rejected``).
         If the template's rewriting rule changes which earlier items are shown, the log is
         relinked from the first affected item (no re-tokenization).
         """
@@ -217,9 +226,8 @@ class BaseRenderer(ABC):
             )
         if not items:
             return log
-        if sampled is not None:
-            rendered = self._from_sampled(items, sampled)
-        else:
+        rendered = self._from_sampled(items, sampled) if sampled is not None else None
+        if rendered is None:
             rendered = self._render_items(node, items)
         facts = node.facts
         all_facts: list[Facts] = []
@@ -228,7 +236,7 @@ class BaseRenderer(ABC):
             facts = facts.advance(r.flags, start + k)
             all_facts.append(facts)
         hidden = self.hidden_before(facts)
-        node = relayout(node, hidden)
+        node = relayout(node, hidden, self._stats)
         ctx = node.ctx
         for item, r, f in zip(items, rendered, all_facts, strict=True):
             call_id = item.call_id if isinstance(item, FunctionCall) else None
@@ -323,7 +331,11 @@ class BaseRenderer(ABC):
         self._stats.items_rendered += len(items)
         return out
 
-    def _from_sampled(self, items: Sequence[Item], sampled: Sequence[int]) -> list[Rendered]:
+    def _sampled_is_transcript(self, pieces: Sequence[array[int]]) -> bool:
+        """Whether sampled ids carry the template's message structure (not just content ids)."""
+        return True
+
+    def _from_sampled(self, items: Sequence[Item], sampled: Sequence[int]) -> list[Rendered] | None:
         for i, item in enumerate(items):
             if not is_assistant_output(item):
                 raise ValueError(
@@ -334,9 +346,19 @@ class BaseRenderer(ABC):
         full.extend(sampled)
         start_tok = self._message_start
         cuts = [0]
-        cuts.extend(p for p in range(len(self._gen_prompt), len(full)) if full[p] == start_tok and p)
+        p = len(self._gen_prompt)
+        while True:
+            try:
+                p = full.index(start_tok, p)
+            except ValueError:
+                break
+            cuts.append(p)
+            p += 1
         cuts.append(len(full))
         pieces = [full[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+        if not self._sampled_is_transcript(pieces):
+            self._stats.sampled_rejected += 1
+            return None
         targets = [self._call_target(it) if isinstance(it, FunctionCall) else None for it in items]
         self._stats.items_sampled += len(items)
         if len(pieces) == len(items):

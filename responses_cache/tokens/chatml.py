@@ -9,8 +9,9 @@ function_call_output       ``<|im_start|>tool\\n<tool_response>\\n{output}\\n</t
 generation prompt          ``<|im_start|>assistant\\n``
 =========================  ===============================================================
 
-Each message is one ordinary-text run between two special tokens, so appending segments equals
-tokenizing the whole transcript. ChatML never rewrites history.
+The role line and the body of a message are encoded separately (so the generation prompt is a
+prefix of the rendered reply); every piece of text goes through ``encode_ordinary``. ChatML
+never rewrites history.
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ class ChatMLRenderer(BaseRenderer):
         return out
 
     def _message(self, role: str, text: str) -> array[int]:
+        # The role line is encoded on its own, so the generation prompt ("assistant\n") is
+        # always a prefix of a rendered assistant message, whatever its text starts with.
         out = array("I", (self._im_start,))
-        out.extend(self._enc(f"{role}\n{text}"))
+        out.extend(self._enc(f"{role}\n"))
+        out.extend(self._enc(text))
         out.append(self._im_end)
         out.extend(self._newline)
         return out

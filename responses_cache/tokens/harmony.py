@@ -23,6 +23,7 @@ With ``auto_drop_analysis`` (the default, like openai-harmony), analysis message
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
@@ -245,6 +246,10 @@ class HarmonyRenderer(BaseRenderer):
         if isinstance(item, Message) and item.phase != "commentary":
             return ASSISTANT | FINAL
         return ASSISTANT
+
+    def _sampled_is_transcript(self, pieces: Sequence[array[int]]) -> bool:
+        """Every sampled message must have a header ending in ``<|message|>``."""
+        return all(self._message in piece for piece in pieces)
 
     def _finish_sampled(self, seg: array[int], item: Item) -> array[int]:
         """A trailing ``<|return|>`` becomes ``<|end|>`` (as harmony re-renders it); a message

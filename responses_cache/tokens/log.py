@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .base import BaseRenderer
+    from .base import BaseRenderer, RenderStats
 
 #: Item flags (what the item is, for history-rewriting rules).
 ANALYSIS = 1  # an assistant reasoning / ``analysis`` message
@@ -140,7 +140,7 @@ def find_call(node: Node, call_id: str) -> str | None:
     return None
 
 
-def relayout(node: Node, hidden_before: int) -> Node:
+def relayout(node: Node, hidden_before: int, stats: RenderStats | None = None) -> Node:
     """``node``'s chain with analysis items below ``hidden_before`` hidden (relinks if needed).
 
     Only the nodes from the first item whose visibility changes onward are recreated; their token
@@ -171,7 +171,8 @@ def relayout(node: Node, hidden_before: int) -> Node:
             cur = chain.pop()
         if not chain:
             return node
-    stats = node.ctx.renderer.stats
+    if stats is None:
+        stats = node.ctx.renderer.stats
     stats.rewinds += 1
     stats.items_relinked += len(chain)
     for old_node in reversed(chain):

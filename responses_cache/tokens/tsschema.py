@@ -49,20 +49,78 @@ def _ryu(x: float) -> str:
     return f"{out}{digits[0]}.{digits[1:]}e{kk - 1}"
 
 
+_U64_MAX = 2**64 - 1
+_POW10 = [float(f"1e{i}") for i in range(309)]
+
+
+def _f64_from_parts(positive: bool, significand: int, exponent: int) -> float:
+    """serde_json's ``f64_from_parts`` (without the ``float_roundtrip`` feature)."""
+    f = float(significand)
+    while True:
+        if abs(exponent) < len(_POW10):
+            f = f * _POW10[exponent] if exponent >= 0 else f / _POW10[-exponent]
+            break
+        if f == 0.0:
+            break
+        if exponent >= 0:
+            return math.inf if positive else -math.inf
+        f /= 1e308
+        exponent += 308
+    return f if positive else -f
+
+
+def serde_number(text: str) -> int | float:
+    """The value serde_json (default features) parses from the JSON number ``text``.
+
+    Not always the correctly rounded double: serde multiplies the decimal significand by a power
+    of ten, and drops digits beyond 64 bits. openai-harmony parses tool schemas this way.
+    """
+    positive = not text.startswith("-")
+    body = text.lstrip("-")
+    mantissa, _, exp_text = body.replace("E", "e").partition("e")
+    int_part, dot, frac_part = mantissa.partition(".")
+    significand = 0
+    exponent = 0
+    overflow = False
+    for d in int_part:
+        if not overflow and significand * 10 + int(d) <= _U64_MAX:
+            significand = significand * 10 + int(d)
+        else:
+            overflow = True
+            exponent += 1
+    for d in frac_part:
+        if not overflow and significand * 10 + int(d) <= _U64_MAX:
+            significand = significand * 10 + int(d)
+            exponent -= 1
+        else:
+            overflow = True
+    if not dot and not exp_text and not overflow:
+        if positive:
+            return significand
+        if significand <= 2**63:
+            return -significand
+        return -float(significand)
+    if exp_text:
+        exponent += int(exp_text)
+    return _f64_from_parts(positive, significand, exponent)
+
+
 def json_display(value: Any) -> str:
-    """``serde_json::Value``'s ``Display``: compact JSON, non-ASCII kept, ryu floats."""
+    """``serde_json::Value``'s ``Display`` of a value that went through Python's ``json.dumps``.
+
+    Compact JSON, non-ASCII kept, numbers as serde parses and ryu prints them.
+    """
     if value is None:
         return "null"
     if value is True:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, int):
-        if -(2**63) <= value < 2**64:
-            return str(value)
-        return _ryu(float(value))
-    if isinstance(value, float):
-        return _ryu(value)
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "null"
+        number = serde_number(json.dumps(value))
+        return str(number) if isinstance(number, int) else _ryu(number)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, dict):

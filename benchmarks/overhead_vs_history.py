@@ -1,0 +1,14 @@
+"""Per-turn API overhead vs conversation length: HTTP full resend, HTTP previous_response_id, WebSocket mode.
+
+A thin wrapper over ``responses-cache bench --scenarios overhead``; every option of that command works
+here too (``--quick``, ``--out DIR``, ...). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from responses_cache.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(["--scenarios", "overhead", *sys.argv[1:]]))

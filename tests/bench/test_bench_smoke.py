@@ -1,0 +1,75 @@
+"""Smoke test of ``responses-cache bench``: every scenario at a tiny size, checking the outputs'
+shape (never the figures: speed lives in the benchmark itself, not in assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from responses_cache import cli
+from responses_cache.bench import SCENARIOS
+from responses_cache.bench.stats import bucket_of, percentile
+
+TINY = [
+    "--no-progress",
+    "--target-tokens", "3000", "--tokens-per-turn", "1000", "--repeats", "1",
+    "--tool-calls", "2", "--rollout-repeats", "1", "--output-tps", "100000", "--prefill-tps", "10000000",
+    "--connections", "3", "--context-tokens", "400", "--scale-turns", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    code = cli.main(["bench", "--", "--out", str(out), *TINY])
+    assert code == 0
+    return json.loads((out / "results.json").read_text()), out
+
+
+def test_writes_json_and_plot(results: tuple[dict[str, Any], Path]) -> None:
+    data, out = results
+    assert set(SCENARIOS) <= data.keys()
+    assert data["meta"]["command"].startswith("responses-cache bench")
+    assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overhead_shape(results: tuple[dict[str, Any], Path]) -> None:
+    overhead = results[0]["overhead"]
+    modes = {s["mode"] for s in overhead["samples"]}
+    assert modes == {"http_full", "http_prev", "ws"}
+    sample = overhead["samples"][0]
+    assert {"history_tokens", "first_event_ms", "completed_ms", "turn"} <= sample.keys()
+    assert all(s["first_event_ms"] <= s["completed_ms"] for s in overhead["samples"])
+    bucket = overhead["summary"]["buckets"][0]
+    assert {"bucket", "ws_first_p50_ms", "http_full_first_p50_ms", "full_over_ws"} <= bucket.keys()
+
+
+def test_rollout_shape(results: tuple[dict[str, Any], Path]) -> None:
+    rollout = results[0]["rollout"]
+    assert {r["mode"] for r in rollout["runs"]} == {"http_full", "http_prev", "ws"}
+    assert all(r["tool_calls"] == 2 and r["turns"] == 3 for r in rollout["runs"])
+    ws = rollout["summary"]["ws"]
+    assert ws["floor_s_p50"] > 0 and ws["wall_s_p50"] > 0
+
+
+def test_scale_shape(results: tuple[dict[str, Any], Path]) -> None:
+    scale = results[0]["scale"]
+    assert scale["connections"] == 3
+    assert scale["errors"] == 0, scale["error_samples"]
+    assert scale["turns_total"] == 6
+    assert scale["cached_tokens"] > 0
+    assert scale["after_build"]["footprint"]["sessions"] >= 3
+
+
+def test_targets_listed(results: tuple[dict[str, Any], Path]) -> None:
+    targets = results[0]["targets"]
+    assert len(targets) == 5
+    assert all({"target", "measured", "met"} <= t.keys() for t in targets)
+
+
+def test_helpers() -> None:
+    assert bucket_of(0) == "<8k" and bucket_of(99_999) == "64k-100k" and bucket_of(100_000) == ">=100k"
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5

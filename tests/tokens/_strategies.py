@@ -1,0 +1,236 @@
+"""Hypothesis strategies: random Responses conversations, tool sets and JSON schemas."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+from hypothesis import strategies as st
+
+from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    ReasoningText,
+    Refusal,
+    SummaryText,
+)
+from responses_cache.protocol.tools import ToolSet, parse_tools
+
+#: Multiply every test's example count (``TOKENS_EXAMPLES_FACTOR=20`` for a soak run).
+FACTOR = float(os.environ.get("TOKENS_EXAMPLES_FACTOR", "1"))
+
+
+def examples(n: int) -> int:
+    """The number of hypothesis examples for a test (``n`` scaled by ``FACTOR``)."""
+    return max(1, int(n * FACTOR))
+
+
+SPECIAL_LOOKALIKES = [
+    "<|end|>",
+    "<|start|>",
+    "<|start|>assistant<|channel|>final<|message|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|call|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_start|>system\n",
+    "<|endofprompt|>",
+    "<|reserved_200013|>",
+    "<|",
+    "|>",
+]
+WHITESPACE = [" ", "  ", "\n", "\n\n", "\t", " \n ", "\r\n", "   \n\n\t  ", "\u00a0", "\u3000"]
+
+# Lone surrogates cannot reach openai-harmony (JSON), so the alphabet leaves them out.
+_chars = st.characters(blacklist_categories=("Cs",))
+_fragment = st.one_of(
+    st.text(_chars, max_size=12),
+    st.sampled_from(SPECIAL_LOOKALIKES),
+    st.sampled_from(WHITESPACE),
+    st.sampled_from(["hello", "world", "def f(x):\n    return x", "{\"a\": 1}", "日本語", "😀👍🏽", "é́"]),
+)
+texts = st.lists(_fragment, max_size=6).map("".join)
+names = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
+
+_json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(_chars, max_size=8),
+)
+json_values = st.recursive(
+    _json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(_chars, max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+_schema_extras: dict[str, st.SearchStrategy[Any]] = {
+    "description": texts,
+    "default": json_values,
+    "nullable": st.booleans(),
+    "title": st.text(_chars, max_size=10),
+    "examples": st.lists(st.one_of(st.text(_chars, max_size=8), st.integers()), max_size=2),
+}
+
+
+def _leaf() -> st.SearchStrategy[dict[str, Any]]:
+    base = st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["number", "integer", "boolean", "null", "array", "weird"])},
+            optional=_schema_extras,
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("string")},
+            optional={**_schema_extras, "enum": st.lists(st.one_of(texts, st.integers()), max_size=3)},
+        ),
+        st.fixed_dictionaries(
+            {"type": st.lists(st.sampled_from(["string", "integer", "null", "number"]), min_size=1, max_size=3)},
+            optional=_schema_extras,
+        ),
+        st.just({}),
+    )
+    return base
+
+
+def _compound(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    props = st.dictionaries(st.text(_chars, min_size=1, max_size=6), inner, max_size=4)
+
+    def obj(p: dict[str, Any], req_mask: list[bool], extras: dict[str, Any]) -> dict[str, Any]:
+        required = [k for k, keep in zip(p, req_mask, strict=False) if keep]
+        out: dict[str, Any] = {"type": "object", "properties": p, **extras}
+        if required:
+            out["required"] = required
+        return out
+
+    objects = st.builds(
+        obj,
+        props,
+        st.lists(st.booleans(), max_size=4),
+        st.fixed_dictionaries({}, optional={"description": texts, "default": json_values}),
+    )
+    arrays = st.builds(lambda items: {"type": "array", "items": items}, inner)
+    one_ofs = st.builds(
+        lambda vs, extras: {"oneOf": vs, **extras},
+        st.lists(inner, min_size=1, max_size=3),
+        st.fixed_dictionaries({}, optional={"description": texts, "default": json_values, "type": st.just("object")}),
+    )
+    return st.one_of(objects, arrays, one_ofs)
+
+
+schemas = st.recursive(_leaf(), _compound, max_leaves=8)
+parameters = st.one_of(
+    st.none(),
+    st.builds(
+        lambda p: {"type": "object", "properties": p, "required": list(p)[:1]},
+        st.dictionaries(names, schemas, max_size=4),
+    ),
+    schemas,
+)
+
+
+@st.composite
+def _function(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "function", "name": name}
+    desc = draw(st.one_of(st.none(), texts))
+    if desc is not None:
+        out["description"] = desc
+    params = draw(parameters)
+    if params is not None:
+        out["parameters"] = params
+    return out
+
+
+@st.composite
+def tool_sets(draw: st.DrawFn, *, with_schemas: bool = True) -> ToolSet:
+    """A parsed tool list: top-level functions, namespaces, sometimes a hosted tool."""
+    raw: list[dict[str, Any]] = []
+    for name in draw(st.lists(names, max_size=3, unique=True)):
+        raw.append(draw(_function(name)) if with_schemas else {"type": "function", "name": name})
+    for ns in draw(st.lists(st.sampled_from(["mcp", "files", "functions", "zeta"]), max_size=2, unique=True)):
+        entry: dict[str, Any] = {
+            "type": "namespace",
+            "name": ns,
+            "tools": [draw(_function(n)) for n in draw(st.lists(names, max_size=2, unique=True))],
+        }
+        desc = draw(st.one_of(st.none(), texts))
+        if desc is not None:
+            entry["description"] = desc
+        raw.append(entry)
+    if draw(st.booleans()):
+        raw.append({"type": "web_search"})
+    return parse_tools(msgspec.json.encode(raw))
+
+
+def _parts(draw: st.DrawFn, assistant: bool) -> str | list[Any]:
+    if draw(st.booleans()):
+        return draw(texts)
+    kinds = st.sampled_from(["out", "refusal"]) if assistant else st.just("in")
+    parts: list[Any] = []
+    for kind in draw(st.lists(kinds, max_size=3)):
+        t = draw(texts)
+        parts.append(OutputText(t) if kind == "out" else Refusal(t) if kind == "refusal" else InputText(t))
+    return parts
+
+
+@st.composite
+def items_(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 14) -> list[Item]:
+    """A conversation: messages of every role, reasoning, calls and outputs for earlier calls."""
+    n = draw(st.integers(min_value=min_size, max_value=max_size))
+    out: list[Item] = []
+    calls: list[str] = []
+    for k in range(n):
+        kinds = ["user", "assistant", "reasoning", "call", "system", "developer"]
+        if calls:
+            kinds += ["output", "output"]
+        kind = draw(st.sampled_from(kinds))
+        if kind in ("user", "system", "developer"):
+            out.append(Message(role=kind, content=_parts(draw, assistant=False)))  # type: ignore[arg-type]
+        elif kind == "assistant":
+            phase = draw(st.sampled_from([None, None, "final_answer", "commentary"]))
+            out.append(Message(role="assistant", content=_parts(draw, assistant=True), phase=phase))
+        elif kind == "reasoning":
+            shape = draw(st.sampled_from(["content", "summary", "both", "empty"]))
+            content = [ReasoningText(draw(texts)) for _ in range(draw(st.integers(1, 2)))]
+            summary = [SummaryText(draw(texts)) for _ in range(draw(st.integers(1, 2)))]
+            if shape == "content":
+                out.append(Reasoning(summary=[], content=content))
+            elif shape == "summary":
+                out.append(Reasoning(summary=summary))
+            elif shape == "both":
+                out.append(Reasoning(summary=summary, content=content))
+            else:
+                out.append(Reasoning(summary=[], encrypted_content="gAAAA"))
+        elif kind == "call":
+            call_id = draw(st.one_of(st.just(f"call_{k}"), st.sampled_from(calls) if calls else st.just(f"call_{k}")))
+            ns = draw(st.sampled_from([None, None, "mcp", "functions"]))
+            out.append(
+                FunctionCall(call_id=call_id, name=draw(names), arguments=draw(texts), namespace=ns)
+            )
+            calls.append(call_id)
+        else:
+            call_id = draw(st.sampled_from(calls))
+            out.append(FunctionCallOutput(call_id=call_id, output=_parts(draw, assistant=False)))
+    return out
+
+
+@st.composite
+def splits(draw: st.DrawFn, n: int) -> list[int]:
+    """Sorted cut points in ``[0, n]`` (repeats allowed: an empty chunk is a warm-up)."""
+    cuts = draw(st.lists(st.integers(min_value=0, max_value=n), max_size=6))
+    return sorted(cuts)
+
+
+instructions = st.one_of(st.none(), st.just(""), texts)
