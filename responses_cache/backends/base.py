@@ -116,6 +116,10 @@ class Finish:
 
     reason: Literal["stop", "tool_calls", "length", "content_filter"] = "stop"
     usage: EngineUsage | None = None
+    #: The complete sampled id stream after the generation prompt, structural tokens included
+    #: (for harmony: ``<|channel|>…<|message|>…<|end|>``). When given, the assistant turn is kept
+    #: in the token log as exactly these ids; otherwise it is rendered from the output items.
+    token_ids: Sequence[int] | None = None
 
 
 BackendEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Finish

@@ -76,7 +76,7 @@ def render_text(results: dict[str, Any]) -> str:
             ]
             for b in overhead["summary"]["buckets"]
         ]
-        parts.append("Overhead vs history (instant engine; p50 ms to first event / to response.completed)")
+        parts.append("Overhead vs history (zero-latency engine; p50 ms to first event / to response.completed)")
         parts.append(table(["history", "n", "http_full", "http_prev", "ws", "full/ws", "prev/ws", "full done", "ws done"], rows))
         for transport, stages in overhead.get("server_stages_ms", {}).items():
             parts.append(f"  server stages, {transport} (mean ms): " + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))

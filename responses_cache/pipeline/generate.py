@@ -24,7 +24,6 @@ class OutputBuilder:
         self._stream_id = stream_id
         self._seq = 0
         self.output: list[Item] = []
-        self.sampled: list[int] | None = []
         self.output_tokens = 0
         self.reasoning_tokens = 0
         self._kind: Literal["message", "function_call", "reasoning"] | None = None
@@ -76,16 +75,10 @@ class OutputBuilder:
             )
 
     def _count(self, token_ids: Sequence[int], *, reasoning: bool) -> None:
-        ids = list(token_ids)
-        n = len(ids) or 1
+        n = len(token_ids) or 1  # a delta without ids counts as one token
         self.output_tokens += n
         if reasoning:
             self.reasoning_tokens += n
-        if self.sampled is not None:
-            if ids:
-                self.sampled.extend(ids)
-            else:
-                self.sampled = None  # some text came without ids: render the output instead
 
     async def _open_message(self) -> None:
         self._kind, self._item_id, self._buffer = "message", new_id("msg"), []

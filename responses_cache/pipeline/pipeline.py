@@ -143,7 +143,7 @@ class Pipeline:
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
-            log = extend_with_output(route.renderer, rendered.log, out.output, out.sampled or None)
+            log = extend_with_output(route.renderer, rendered.log, out.output, finish.token_ids if finish else None)
         own_items: list[Item] = [*items, *out.output]
         state = ResponseState(
             response=final,

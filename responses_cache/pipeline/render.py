@@ -7,6 +7,7 @@ instructions/tools) the whole conversation is rendered again, which is always co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import Item
 from ..protocol.tools import ToolSet
 from ..state import ResponseState
+from ..tokens.errors import RenderError
 
 if TYPE_CHECKING:
     from ..tokens.base import Renderer
@@ -41,15 +43,21 @@ def render(
     context_window: int,
 ) -> Rendered:
     fingerprint = renderer.fingerprint(instructions, tools)
+    incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
     try:
-        if parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint:
+        if incremental_attempt:
+            assert parent is not None and parent.token_log is not None
             log = renderer.extend(parent.token_log, items)
             cached, incremental = log.common_prefix(parent.token_log), True
         else:
             log = renderer.render_full(instructions, tools, [*context.items(), *items])
             cached, incremental = 0, False
-    except ValueError as exc:
-        raise invalid_request(str(exc), "input", "unsupported_value") from None
+    except RenderError as exc:
+        # Items before the new ones rendered fine last turn, so the index points into ``items``
+        # unless this was a full render of context + items.
+        index = exc.item_index - (0 if incremental_attempt else len(context))
+        param = f"input[{index}].{exc.param}" if index >= 0 else "input"
+        raise invalid_request(exc.message, param, "unsupported_value") from None
     if log.num_tokens > context_window:
         raise ResponsesError(
             f"This model's maximum context length is {context_window} tokens. However, your "
@@ -60,7 +68,9 @@ def render(
     return Rendered(log, fingerprint, cached, incremental)
 
 
-def extend_with_output(renderer: Renderer, log: TokenLog, output: list[Item], sampled: list[int] | None) -> TokenLog:
+def extend_with_output(
+    renderer: Renderer, log: TokenLog, output: list[Item], sampled: Sequence[int] | None
+) -> TokenLog:
     """Append the assistant's output (as sampled ids when the engine gave them all)."""
     if not output:
         return log

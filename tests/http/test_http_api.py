@@ -175,6 +175,8 @@ def test_bad_inputs_get_the_openai_envelope(live_server_factory: Any) -> None:
         _post(server, {"model": "sim-1", "input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}),
         400, "invalid_function_call_output", "input[0].call_id",
     )
+    image = {"role": "user", "content": [{"type": "input_text", "text": "look"}, {"type": "input_image", "image_url": "data:,"}]}
+    _assert_error(_post(server, {"model": "sim-1", "input": [image]}), 400, "unsupported_value", "input[0].content[1]")
     _assert_error(_post(server, {"model": "sim-1", "input": "x" * 5000}), 413, "request_too_large", None)
     _assert_error(_post(server, {"model": "sim-1", "input": "x", "stream_id": "a"}), 400, "unsupported_parameter", "stream_id")
 
