@@ -39,6 +39,8 @@ class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
     max_body_bytes: int = 16 * 1024 * 1024
+    #: Cap on the sum of all WebSocket connections' caches (least recently used give way).
+    process_cache_bytes: int | None = 4 * 1024**3
     context_window: int = 131_072
 
 
@@ -92,6 +94,7 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
         config=cfg.session,
         max_message_bytes=cfg.max_body_bytes,
         metrics=metrics,
+        process_cache_bytes=cfg.process_cache_bytes,
     )
     app.state.service = service
     app.state.metrics = metrics

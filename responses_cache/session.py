@@ -8,6 +8,7 @@ the ASGI edge feeds it text frames (:meth:`receive`), starts the turns it hands 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ class SessionConfig:
     #: Per-connection cache budget: items and bytes held by the cached conversations.
     max_cached_items: int = 262_144
     max_cached_bytes: int = 256 * 1024 * 1024
+    #: Keep each cached response's rendered token log. ``False`` trades CPU for memory: the next
+    #: continuation re-renders the conversation once instead of appending to the log.
+    retain_token_log: bool = True
     limit_message: str = (
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
@@ -257,6 +261,8 @@ class Session:
         ok = state is not None and state.response.status != "failed"
         if ok:
             assert state is not None
+            if not self.config.retain_token_log and state.token_log is not None:
+                state = dataclasses.replace(state, token_log=None, fingerprint=None)
             self.cache.put(pending.lane, state)
             self._enforce_budget()
             return

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .auth import AllowAll, Authenticator
+from .budget import CacheBudget
 from .metrics import Metrics, NullMetrics
 from .protocol import events as ev
 from .protocol.codec import encode
@@ -62,6 +63,7 @@ class WebSocketMode:
         max_message_bytes: int = 16 * 1024 * 1024,
         outbound_queue: int = 1024,
         metrics: Metrics | None = None,
+        process_cache_bytes: int | None = 4 * 1024**3,
     ) -> None:
         self.app = app
         if service is None:
@@ -76,6 +78,8 @@ class WebSocketMode:
         self.max_message_bytes = max_message_bytes
         self.outbound_queue = outbound_queue
         self.metrics = metrics or NullMetrics()
+        #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
+        self.budget = CacheBudget(process_cache_bytes) if process_cache_bytes else None
         self.connections = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,6 +157,8 @@ class _Connection:
             # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
             await asyncio.gather(lifetime, *self.turns, return_exceptions=True)
             self.session.close()
+            if self.mode.budget is not None:
+                self.mode.budget.forget(self.session)
             if self.session.close_code is not None:
                 close_code = self.session.close_code
             if disconnected:
@@ -225,6 +231,8 @@ class _Connection:
             if not self.closed:
                 self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
                 self.session.finished(pending, state)
+                if self.mode.budget is not None:
+                    self.mode.budget.touch(self.session)
                 self.session.tick(time.monotonic())
                 await self._pump()
 
