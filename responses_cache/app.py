@@ -7,12 +7,15 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response as HTTPResponse
+from starlette.routing import Route as HTTPRoute
 
 from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
 from .http_api import HTTPApi
-from .metrics import InMemoryMetrics, Metrics
+from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
@@ -86,7 +89,15 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
             if stop is not None:
                 await stop()
 
-    app = Starlette(routes=api.routes(), lifespan=lifespan)
+    routes = api.routes()
+    if isinstance(metrics, PrometheusMetrics):
+        exposition = metrics
+
+        async def prometheus(request: Request) -> HTTPResponse:
+            return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)
+
+        routes.append(HTTPRoute("/metrics", prometheus, methods=["GET"]))
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(
         WebSocketMode,  # type: ignore[arg-type]
         service=service,

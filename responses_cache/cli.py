@@ -27,7 +27,14 @@ def _serve(args: argparse.Namespace) -> int:
     backend = load_backend(args.backend, **options)
     billing = _biller(args)
     keys = args.api_key or ([os.environ["RESPONSES_CACHE_API_KEY"]] if os.environ.get("RESPONSES_CACHE_API_KEY") else None)
-    app = create_app(ServerConfig(backend=backend, api_keys=keys, renderer=args.renderer or None, billing=billing))
+    metrics = None
+    if args.prometheus:
+        from .metrics import PrometheusMetrics
+
+        metrics = PrometheusMetrics()
+    app = create_app(
+        ServerConfig(backend=backend, api_keys=keys, renderer=args.renderer or None, billing=billing, metrics=metrics)
+    )
     print(f"responses-cache: serving {args.backend} on http://{args.host}:{args.port}/v1 (WebSocket: ws://{args.host}:{args.port}/v1/responses)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
     return 0
@@ -61,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--instant", action="store_true", help="simulated engine with zero latency")
     serve.add_argument("--renderer", default="harmony", help="prompt renderer: harmony, chatml, or '' for none")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--prometheus", action="store_true", help="export metrics at GET /metrics (prometheus extra)")
     serve.add_argument("--billing-jsonl", metavar="PATH", help="write usage records to a JSONL file")
     serve.add_argument("--billing-sqlite", metavar="PATH", help="write usage records to a SQLite database")
     serve.add_argument("--billing-webhook", metavar="URL", help="POST usage records to a webhook (needs the webhook extra)")

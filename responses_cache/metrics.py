@@ -81,6 +81,11 @@ class PrometheusMetrics:
     def observe(self, name: str, value: float, labels: Labels | None = None) -> None:
         self._get("summary", name, labels).observe(value)
 
+    @property
+    def content_type(self) -> str:
+        return str(self._pc.CONTENT_TYPE_LATEST)
+
     def exposition(self) -> bytes:
+        """The text exposition format, for a ``/metrics`` endpoint."""
         data: bytes = self._pc.generate_latest(self.registry)
         return data

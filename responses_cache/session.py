@@ -71,6 +71,8 @@ class PendingTurn:
     request: CreateResponse
     lane: str | None
     seq: int
+    #: When the frame arrived (the caller's clock), for the queue-wait metric.
+    received_at: float = 0.0
 
 
 class ConnectionCache:
@@ -129,8 +131,8 @@ class Session:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def receive(self, text: str | bytes) -> None:
-        """One client text frame."""
+    def receive(self, text: str | bytes, now: float = 0.0) -> None:
+        """One client text frame (``now``: the caller's clock, kept for the queue-wait metric)."""
         try:
             probe = _probe.decode(text)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -192,7 +194,7 @@ class Session:
             )
             return
         self._seq += 1
-        self._waiting.append(PendingTurn(request, lane, self._seq))
+        self._waiting.append(PendingTurn(request, lane, self._seq, now))
 
     def tick(self, now: float) -> None:
         """Advance the clock: past the deadline, refuse new work and close once idle."""

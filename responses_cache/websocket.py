@@ -145,7 +145,7 @@ class _Connection:
                 if len(text) > self.mode.max_message_bytes:
                     close_code = 1009
                     break
-                self.session.receive(text)
+                self.session.receive(text, time.perf_counter())
                 await self._pump()
                 if self.session.close_code is not None:
                     break
@@ -218,6 +218,7 @@ class _Connection:
     async def _turn(self, pending: PendingTurn) -> None:
         state: ResponseState | None = None
         started = time.perf_counter()
+        self.mode.metrics.observe("queue_wait_seconds", started - pending.received_at, {"transport": "websocket"})
         try:
             state = await self._run(pending)
         except ResponsesError as exc:

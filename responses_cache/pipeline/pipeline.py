@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..backends.base import BackendError, Finish, GenerationRequest, Prompt
+from ..backends.base import BackendError, EngineUsage, Finish, GenerationRequest, Prompt
 from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
@@ -125,7 +125,7 @@ class Pipeline:
             else:
                 await out.close()
         except asyncio.CancelledError:
-            self._bill(turn, route, rendered, out, "cancelled", engine_usage)
+            self._bill(turn, route, self._usage(turn, route, rendered, out, engine_usage), "cancelled")
             self.metrics.inc("responses_cancelled_total")
             raise
         except Exception as exc:
@@ -139,7 +139,7 @@ class Pipeline:
 
         # finalize: the child state shares everything it can with its parent.
         t3 = time.perf_counter()
-        usage = self._usage(rendered, out, engine_usage)
+        usage = self._usage(turn, route, rendered, out, engine_usage)
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
@@ -174,7 +174,7 @@ class Pipeline:
             terminal = ev.ResponseIncomplete(response=final)
         else:
             terminal = ev.ResponseFailed(response=final)
-        self._bill(turn, route, rendered, out, status, engine_usage)
+        self._bill(turn, route, usage, status)
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
@@ -261,9 +261,20 @@ class Pipeline:
             return flag, states, finish
         return None, states, finish
 
-    def _usage(self, rendered: Rendered | None, out: OutputBuilder, engine: Any) -> Usage:
-        prompt = rendered.log.num_tokens if rendered else (engine.prompt_tokens or 0 if engine else 0)
-        cached = rendered.cached_tokens if rendered else (engine.cached_tokens or 0 if engine else 0)
+    @staticmethod
+    def _usage(
+        turn: Turn, route: Route, rendered: Rendered | None, out: OutputBuilder, engine: EngineUsage | None
+    ) -> Usage:
+        """``input_tokens`` is the prompt the engine saw (log + generation prompt); ``cached_tokens``
+        the prefix reused from the cached log. A warm-up runs no model and uses nothing."""
+        if not turn.request.generate:
+            return Usage.of(0, 0, 0)
+        if rendered is not None and route.renderer is not None:
+            prompt = rendered.log.num_tokens + len(route.renderer.generation_prompt)
+            cached = rendered.cached_tokens
+        else:
+            prompt = (engine.prompt_tokens or 0) if engine else 0
+            cached = min((engine.cached_tokens or 0) if engine else 0, prompt)
         output = out.output_tokens
         if engine is not None and engine.output_tokens is not None:
             output = engine.output_tokens
@@ -312,12 +323,9 @@ class Pipeline:
             usage=usage,
         )
 
-    def _bill(
-        self, turn: Turn, route: Route, rendered: Rendered | None, out: OutputBuilder, status: str, engine: Any
-    ) -> None:
+    def _bill(self, turn: Turn, route: Route, usage: Usage, status: str) -> None:
         if self.billing is None:
             return
-        usage = self._usage(rendered, out, engine)
         try:
             self.billing.submit(
                 UsageRecord(

@@ -11,8 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..protocol.errors import ResponsesError, invalid_request
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, has_media
-from ..state import open_calls_after
+from ..protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    has_media,
+    text_of,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,7 @@ class Validator:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self.items_checked = 0
+        self.bytes_checked = 0
 
     def __call__(
         self, items: list[Item], open_calls: Mapping[str, str], *, accepts_media: bool, check_calls: bool = True
@@ -50,6 +58,14 @@ class Validator:
                 pending.pop(item.call_id, None)
             elif isinstance(item, FunctionCall):
                 pending[item.call_id] = item.name
+            size = _text_bytes(item)
+            self.bytes_checked += size
+            if size > self.limits.max_item_bytes:
+                raise invalid_request(
+                    f"Input item {index} is {size} bytes; at most {self.limits.max_item_bytes} bytes are allowed per item.",
+                    f"input[{index}]",
+                    "string_above_max_length",
+                )
             if not accepts_media and has_media(item):
                 raise ResponsesError(
                     "Image and file inputs are not supported by this model.",
@@ -59,5 +75,17 @@ class Validator:
         return pending
 
 
-def calls_after(open_calls: Mapping[str, str], items: list[Item]) -> dict[str, str]:
-    return open_calls_after(open_calls, items)
+def _text_bytes(item: Item) -> int:
+    """UTF-8 size of the text an item carries (what the renderer will tokenize)."""
+    if isinstance(item, Message):
+        text = text_of(item.content)
+    elif isinstance(item, FunctionCallOutput):
+        text = item.output if isinstance(item.output, str) else text_of(item.output)
+    elif isinstance(item, FunctionCall):
+        text = item.arguments
+    elif isinstance(item, Reasoning):
+        text = "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
+        text += item.encrypted_content or ""
+    else:
+        return 0
+    return len(text.encode())

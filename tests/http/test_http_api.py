@@ -192,3 +192,13 @@ def test_api_key_required_when_configured(live_server_factory: Any) -> None:
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     ok = OpenAI(base_url=server.http_url, api_key="sk-good").responses.create(model="sim-1", input="x")
     assert ok.status == "completed"
+
+
+def test_item_size_and_count_limits(live_server_factory: Any) -> None:
+    from responses_cache import Limits
+
+    server = live_server_factory(limits=Limits(max_items_per_turn=2, max_item_bytes=64))
+    _assert_error(_post(server, {"model": "sim-1", "input": "é" * 40}), 400, "string_above_max_length", "input[0]")
+    three = [{"role": "user", "content": "a"}] * 3
+    _assert_error(_post(server, {"model": "sim-1", "input": three}), 400, "too_many_items", "input")
+    assert _post(server, {"model": "sim-1", "input": "x" * 64}).status_code == 200
