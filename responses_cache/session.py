@@ -23,14 +23,7 @@ from .protocol.errors import (
     invalid_request,
     previous_response_not_found,
 )
-from .protocol.items import (
-    FunctionCall,
-    FunctionCallOutput,
-    Item,
-    Message,
-    Reasoning,
-    text_of,
-)
+from .protocol.items import Item, identity
 from .protocol.request import CreateResponse, decode_create
 from .state import ResponseState
 
@@ -252,7 +245,7 @@ class Session:
             return None
         cached = state.conversation.items()
         for mine, theirs in zip(cached, items, strict=False):
-            if _identity(mine) != _identity(theirs):
+            if identity(mine) != identity(theirs):
                 return None
         return state, count
 
@@ -344,24 +337,3 @@ class Session:
 class SteerFailed(ev.Event, tag="response.steer.failed"):
     steer: dict[str, Any]
     error: ErrorPayload
-
-
-def _identity(item: Item) -> tuple[Any, ...]:
-    """What makes two items the same context (ids and statuses do not matter)."""
-    if isinstance(item, Message):
-        content = item.content
-        return ("message", item.role, text_of(content) if _plain(content) else msgspec.json.encode(content))
-    if isinstance(item, FunctionCall):
-        return ("function_call", item.call_id, item.name, item.arguments, item.namespace)
-    if isinstance(item, FunctionCallOutput):
-        output = item.output
-        return ("function_call_output", item.call_id, output if isinstance(output, str) else msgspec.json.encode(output))
-    if isinstance(item, Reasoning):
-        return ("reasoning", msgspec.json.encode(item.summary), msgspec.json.encode(item.content), item.encrypted_content)
-    return (msgspec.json.encode(item),)
-
-
-def _plain(content: Any) -> bool:
-    from .protocol.items import InputText, OutputText
-
-    return isinstance(content, str) or all(isinstance(p, (InputText, OutputText)) for p in content)

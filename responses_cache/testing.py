@@ -27,7 +27,7 @@ from .pipeline.hooks import Hook, HookContext
 from .pipeline.turn import Turn
 from .protocol import events as ev
 from .protocol.errors import ResponsesError
-from .protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, text_of
+from .protocol.items import Item, identity
 from .state import ResponseState
 
 
@@ -75,23 +75,8 @@ class ScriptedBackend:
             yield Finish()
 
 
-def item_identity(item: Item) -> tuple[Any, ...]:
-    """What makes an item part of the context (ids and statuses do not)."""
-    if isinstance(item, Message):
-        return ("message", item.role, text_of(item.content))
-    if isinstance(item, FunctionCall):
-        return ("function_call", item.call_id, item.name, item.arguments)
-    if isinstance(item, FunctionCallOutput):
-        out = item.output if isinstance(item.output, str) else text_of(item.output)
-        return ("function_call_output", item.call_id, out)
-    if isinstance(item, Reasoning):
-        return (
-            "reasoning",
-            msgspec.json.encode(item.summary),
-            msgspec.json.encode(item.content),
-            item.encrypted_content,
-        )
-    raise TypeError(item)
+#: What makes an item part of the context (see :func:`responses_cache.protocol.items.identity`).
+item_identity = identity
 
 
 def context_of(request: GenerationRequest) -> dict[str, Any]:

@@ -8,6 +8,7 @@ conversation can be shared between a parent response and all of its children wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -93,17 +94,43 @@ Item = Message | FunctionCall | FunctionCallOutput | Reasoning
 ITEM_TYPES: frozenset[str] = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 
 
-def text_of(content: str | list[ContentPart]) -> str:
-    """The plain text of a message's content (text and refusal parts, concatenated)."""
+def content_texts(content: str | Sequence[ContentPart]) -> list[str]:
+    """The text of each text or refusal part (media parts carry none)."""
     if isinstance(content, str):
-        return content
+        return [content]
     out: list[str] = []
     for part in content:
         if isinstance(part, (InputText, OutputText)):
             out.append(part.text)
         elif isinstance(part, Refusal):
             out.append(part.refusal)
-    return "".join(out)
+    return out
+
+
+def text_of(content: str | Sequence[ContentPart]) -> str:
+    """The plain text of a message's content (text and refusal parts, concatenated)."""
+    return content if isinstance(content, str) else "".join(content_texts(content))
+
+
+def identity(item: Item) -> tuple[Any, ...]:
+    """What the model sees of an item. Ids, statuses, and whether text came as a string or as
+    ``input_text``/``output_text`` parts do not count; media parts do."""
+    if isinstance(item, Message):
+        content = item.content
+        plain = isinstance(content, str) or all(isinstance(p, (InputText, OutputText)) for p in content)
+        return ("message", item.role, text_of(content) if plain else msgspec.json.encode(content))
+    if isinstance(item, FunctionCall):
+        return ("function_call", item.call_id, item.name, item.arguments, item.namespace)
+    if isinstance(item, FunctionCallOutput):
+        output = item.output
+        plain = isinstance(output, str) or all(isinstance(p, (InputText, OutputText)) for p in output)
+        return ("function_call_output", item.call_id, text_of(output) if plain else msgspec.json.encode(output))
+    return (
+        "reasoning",
+        tuple(s.text for s in item.summary),
+        tuple(c.text for c in item.content or ()),
+        item.encrypted_content,
+    )
 
 
 def has_media(item: Item) -> bool:

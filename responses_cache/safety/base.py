@@ -8,7 +8,7 @@ items and folds the result into a small :class:`ScanState` carried to the child 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +22,7 @@ from ..protocol.items import (
     Message,
     OutputText,
     Reasoning,
-    Refusal,
+    content_texts,
 )
 
 #: Which texts a hook looks at: ``user`` (user messages), ``system`` (system/developer messages),
@@ -32,17 +32,6 @@ Scope = Literal["user", "system", "assistant", "tool_output", "tool_call", "reas
 DEFAULT_SCOPE: tuple[Scope, ...] = ("user", "tool_output")
 _Rewrite = Callable[[str], str]
 
-
-def _parts_text(content: str | Sequence[object]) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    out: list[str] = []
-    for part in content:
-        if isinstance(part, (InputText, OutputText)):
-            out.append(part.text)
-        elif isinstance(part, Refusal):
-            out.append(part.refusal)
-    return out
 
 
 def texts_of(item: Item, scope: Iterable[Scope]) -> list[str]:
@@ -55,9 +44,9 @@ def texts_of(item: Item, scope: Iterable[Scope]) -> list[str]:
             wanted = "assistant" in kinds
         else:
             wanted = "system" in kinds
-        return _parts_text(item.content) if wanted else []
+        return content_texts(item.content) if wanted else []
     if isinstance(item, FunctionCallOutput):
-        return _parts_text(item.output) if "tool_output" in kinds else []
+        return content_texts(item.output) if "tool_output" in kinds else []
     if isinstance(item, FunctionCall):
         return [item.arguments] if "tool_call" in kinds else []
     if isinstance(item, Reasoning):

@@ -34,13 +34,9 @@ from responses_cache.backends.base import (
     ToolCallStart,
 )
 from responses_cache.protocol.items import (
-    FunctionCall,
-    FunctionCallOutput,
     Item,
-    Message,
-    Reasoning,
-    text_of,
 )
+from responses_cache.protocol.items import identity as items_identity
 
 
 class Gates:
@@ -166,24 +162,8 @@ def _split(text: str) -> list[str]:
     return pieces
 
 
-def identity(item: Item) -> tuple[Any, ...]:
-    """What the model sees of an item: role/text, call ids, names, arguments, outputs.
-    Ids, statuses and the content-part flavour (string vs ``input_text``/``output_text``) do not count."""
-    if isinstance(item, Message):
-        return ("message", item.role, text_of(item.content))
-    if isinstance(item, FunctionCall):
-        return ("function_call", item.call_id, item.name, item.arguments)
-    if isinstance(item, FunctionCallOutput):
-        output = item.output if isinstance(item.output, str) else text_of(item.output)
-        return ("function_call_output", item.call_id, output)
-    if isinstance(item, Reasoning):
-        return (
-            "reasoning",
-            tuple(s.text for s in item.summary),
-            tuple(c.text for c in item.content or ()),
-            item.encrypted_content,
-        )
-    raise AssertionError(f"unexpected item {item!r}")
+# What the model sees of an item: the package's own definition.
+identity = items_identity
 
 
 async def until(predicate: Callable[[], object], what: str = "condition", timeout: float = 10.0) -> None:

@@ -91,7 +91,7 @@ async def test_warm_up_then_continuations(serve: Any, backend: RecordingBackend)
         )
         assert agent.seen(t2) == [
             ("message", "user", "Fix the bug in parser.py"),
-            ("function_call", "call_1", "run", '{"step": 1}'),
+            ("function_call", "call_1", "run", '{"step": 1}', None),
             ("function_call_output", "call_1", "line 3: IndexError"),
         ]
         assert second["status"] == "completed"
