@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
-from responses_cache import InMemoryMetrics, PrometheusMetrics, SimulatedConfig, SimulatedEngine, create_app
+from responses_cache import (
+    InMemoryMetrics,
+    PrometheusMetrics,
+    SimulatedConfig,
+    SimulatedEngine,
+    create_app,
+)
 
 
 def test_in_memory_totals_sum_over_label_sets() -> None:
