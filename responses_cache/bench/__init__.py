@@ -29,15 +29,33 @@ SCENARIOS = ("overhead", "rollout", "scale")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="responses-cache bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of: " + ", ".join(SCENARIOS))
-    p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    p = argparse.ArgumentParser(
+        prog="responses-cache bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="comma-separated subset of: " + ", ".join(SCENARIOS),
+    )
+    p.add_argument(
+        "--out", default="bench-results", help="output directory (default: bench-results)"
+    )
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    p.add_argument("--renderer", default="harmony", help="prompt renderer: harmony, chatml, or none")
+    p.add_argument(
+        "--renderer", default="harmony", help="prompt renderer: harmony, chatml, or none"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--profile", action="store_true", help="also cProfile the server per scenario (extra runs; written to --out)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile the server per scenario (extra runs; written to --out)",
+    )
     g = p.add_argument_group("overhead")
-    g.add_argument("--target-tokens", type=int, help="grow each conversation to this many tokens (120000)")
+    g.add_argument(
+        "--target-tokens", type=int, help="grow each conversation to this many tokens (120000)"
+    )
     g.add_argument("--tokens-per-turn", type=int, help="tool-output tokens added per turn (2000)")
     g.add_argument("--repeats", type=int, help="conversations per mode (5)")
     g = p.add_argument_group("rollout")
@@ -50,8 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("scale")
     g.add_argument("--connections", type=int, help="concurrent WebSocket connections (1000)")
     g.add_argument("--context-tokens", type=int, help="tokens of context per connection (16000)")
-    g.add_argument("--scale-turns", type=int, help="turns per connection after the context is built (10)")
-    g.add_argument("--tracemalloc", action="store_true", help="scale: report the server's top allocation sites (slower)")
+    g.add_argument(
+        "--scale-turns", type=int, help="turns per connection after the context is built (10)"
+    )
+    g.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="scale: report the server's top allocation sites (slower)",
+    )
     return p
 
 
@@ -72,7 +96,9 @@ def resolve_renderer(name: str) -> tuple[str | None, str | None]:
     return name, None
 
 
-def options(args: argparse.Namespace, renderer: str | None, profile_dir: str | None) -> dict[str, Any]:
+def options(
+    args: argparse.Namespace, renderer: str | None, profile_dir: str | None
+) -> dict[str, Any]:
     q = args.quick
     ov = overhead.OverheadOptions(
         target_tokens=_pick(args.target_tokens, 112_000 if q else 120_000),
@@ -141,13 +167,18 @@ def run_scenarios(names: Sequence[str], opts: dict[str, Any], progress: bool) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"]:  # ``responses-cache bench -- --quick`` (argparse.REMAINDER keeps the ``--``)
+    if argv[:1] == [
+        "--"
+    ]:  # ``responses-cache bench -- --quick`` (argparse.REMAINDER keeps the ``--``)
         argv = argv[1:]
     args = _parser().parse_args(argv)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
-        print(f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(
+            f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = options(args, renderer, str(out.resolve()) if args.profile else None)
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > cpus / 2:
-        print(f"WARNING: load average {load:.2f} on {cpus} CPUs: other work will make the figures noisy", file=sys.stderr)
+        print(
+            f"WARNING: load average {load:.2f} on {cpus} CPUs: other work will make the figures noisy",
+            file=sys.stderr,
+        )
     started = time.time()
     results: dict[str, Any] = {
         "meta": {
@@ -180,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "overhead" in results:
         plot_overhead(results["overhead"], out / "overhead.png")
     print(render_text(results))
-    print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'overhead.png'}" if "overhead" in results else ""))
+    print(
+        f"\nwrote {out / 'results.json'}"
+        + (f" and {out / 'overhead.png'}" if "overhead" in results else "")
+    )
     return 0
 
 

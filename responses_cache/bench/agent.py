@@ -80,10 +80,14 @@ class AgentLoop:
         self.transcript.extend(new_items)
         self.transcript.extend(result.output)
         self.previous_id = result.id
-        self.history_chars += sum(len(str(i)) for i in new_items) + sum(len(str(i)) for i in result.output)
+        self.history_chars += sum(len(str(i)) for i in new_items) + sum(
+            len(str(i)) for i in result.output
+        )
         tokens = result.input_tokens + result.output_tokens
         # Without a renderer the server reports no prompt tokens: estimate from characters.
-        self.history_tokens = tokens if result.input_tokens else int(self.history_chars / CHARS_PER_TOKEN)
+        self.history_tokens = (
+            tokens if result.input_tokens else int(self.history_chars / CHARS_PER_TOKEN)
+        )
 
     def close(self) -> None:
         if self._ws is not None:

@@ -113,7 +113,14 @@ def _conversation(
 ) -> list[dict[str, Any]]:
     instructions = prose_text(opts.instructions_tokens, seed=7 + rep)
     loops = {
-        m: AgentLoop(m, http_url=server.http_url, ws_url=server.ws_url, api_key=f"sk-{m}", instructions=instructions, tools=tools())
+        m: AgentLoop(
+            m,
+            http_url=server.http_url,
+            ws_url=server.ws_url,
+            api_key=f"sk-{m}",
+            instructions=instructions,
+            tools=tools(),
+        )
         for m in modes
     }
     samples: list[dict[str, Any]] = []
@@ -140,7 +147,9 @@ def _conversation(
                         "first_event_ms": result.first_event_s * 1e3,
                         "completed_ms": result.completed_s * 1e3,
                         "cached_tokens": int(
-                            (result.response.get("usage") or {}).get("input_tokens_details", {}).get("cached_tokens", 0)
+                            (result.response.get("usage") or {})
+                            .get("input_tokens_details", {})
+                            .get("cached_tokens", 0)
                         ),
                     }
                 )
@@ -148,7 +157,10 @@ def _conversation(
             turn += 1
             if turns is not None and turn >= turns:
                 break
-            if turns is None and min(lp.history_tokens for lp in loops.values()) >= opts.target_tokens:
+            if (
+                turns is None
+                and min(lp.history_tokens for lp in loops.values()) >= opts.target_tokens
+            ):
                 break
     finally:
         for lp in loops.values():
@@ -156,7 +168,9 @@ def _conversation(
     return samples
 
 
-def stage_means(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+def stage_means(
+    before: dict[str, list[float]], after: dict[str, list[float]]
+) -> dict[str, dict[str, float]]:
     """Mean server time per pipeline stage and transport (ms) between two metric snapshots."""
     out: dict[str, dict[str, float]] = {}
     for key, (count, total) in after.items():
@@ -176,14 +190,18 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     for _, label in BUCKETS:
         row: dict[str, Any] = {"bucket": label}
         for mode in MODES:
-            picked = [s for s in samples if s["mode"] == mode and bucket_of(s["history_tokens"]) == label]
+            picked = [
+                s for s in samples if s["mode"] == mode and bucket_of(s["history_tokens"]) == label
+            ]
             row[f"{mode}_n"] = len(picked)
             row[f"{mode}_first_p50_ms"] = p50([s["first_event_ms"] for s in picked])
             row[f"{mode}_first_p90_ms"] = percentile([s["first_event_ms"] for s in picked], 90)
             row[f"{mode}_completed_p50_ms"] = p50([s["completed_ms"] for s in picked])
         row["full_over_ws"] = ratio(row["http_full_first_p50_ms"], row["ws_first_p50_ms"])
         row["prev_over_ws"] = ratio(row["http_prev_first_p50_ms"], row["ws_first_p50_ms"])
-        row["full_over_ws_completed"] = ratio(row["http_full_completed_p50_ms"], row["ws_completed_p50_ms"])
+        row["full_over_ws_completed"] = ratio(
+            row["http_full_completed_p50_ms"], row["ws_completed_p50_ms"]
+        )
         if row["ws_n"]:
             rows.append(row)
     ws_all = [r["ws_first_p50_ms"] for r in rows]

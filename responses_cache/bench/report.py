@@ -25,18 +25,53 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     overhead = results.get("overhead")
     if overhead:
         s = overhead["summary"]
-        out.append(_target("WS overhead p50 <= 1 ms at every history length", s["ws_first_p50_max_ms"], "ms", s["ws_first_p50_max_ms"] <= WS_P50_MS))
+        out.append(
+            _target(
+                "WS overhead p50 <= 1 ms at every history length",
+                s["ws_first_p50_max_ms"],
+                "ms",
+                s["ws_first_p50_max_ms"] <= WS_P50_MS,
+            )
+        )
         ratio = s["full_over_ws_at_100k"]
-        out.append(_target("HTTP full resend / WS >= 50x at 100k tokens", ratio, "x", not math.isnan(ratio) and ratio >= FULL_OVER_WS_AT_100K))
+        out.append(
+            _target(
+                "HTTP full resend / WS >= 50x at 100k tokens",
+                ratio,
+                "x",
+                not math.isnan(ratio) and ratio >= FULL_OVER_WS_AT_100K,
+            )
+        )
     rollout = results.get("rollout")
     if rollout and "ws" in rollout["summary"]:
         over = rollout["summary"]["ws"]["over_floor_p50"]
-        out.append(_target("Agent rollout over WS within 5% of the floor", over * 100, "%", over <= ROLLOUT_OVER_FLOOR))
+        out.append(
+            _target(
+                "Agent rollout over WS within 5% of the floor",
+                over * 100,
+                "%",
+                over <= ROLLOUT_OVER_FLOOR,
+            )
+        )
     scale = results.get("scale")
     if scale:
-        out.append(_target(f"{scale['connections']} connections: 0 errors", scale["errors"], "errors", scale["errors"] == 0))
+        out.append(
+            _target(
+                f"{scale['connections']} connections: 0 errors",
+                scale["errors"],
+                "errors",
+                scale["errors"] == 0,
+            )
+        )
         bpt = scale["rss_bytes_per_token"]
-        out.append(_target("Cache memory <= 8 bytes/token (RSS delta)", bpt, "B/token", bpt <= SCALE_BYTES_PER_TOKEN))
+        out.append(
+            _target(
+                "Cache memory <= 8 bytes/token (RSS delta)",
+                bpt,
+                "B/token",
+                bpt <= SCALE_BYTES_PER_TOKEN,
+            )
+        )
     return out
 
 
@@ -46,7 +81,9 @@ def _target(name: str, value: float, unit: str, met: bool) -> dict[str, Any]:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
@@ -69,17 +106,42 @@ def render_text(results: dict[str, Any]) -> str:
     if overhead:
         rows = [
             [
-                b["bucket"], b["ws_n"],
-                b["http_full_first_p50_ms"], b["http_prev_first_p50_ms"], b["ws_first_p50_ms"],
-                b["full_over_ws"], b["prev_over_ws"],
-                b["http_full_completed_p50_ms"], b["ws_completed_p50_ms"],
+                b["bucket"],
+                b["ws_n"],
+                b["http_full_first_p50_ms"],
+                b["http_prev_first_p50_ms"],
+                b["ws_first_p50_ms"],
+                b["full_over_ws"],
+                b["prev_over_ws"],
+                b["http_full_completed_p50_ms"],
+                b["ws_completed_p50_ms"],
             ]
             for b in overhead["summary"]["buckets"]
         ]
-        parts.append("Overhead vs history (zero-latency engine; p50 ms to first event / to response.completed)")
-        parts.append(table(["history", "n", "http_full", "http_prev", "ws", "full/ws", "prev/ws", "full done", "ws done"], rows))
+        parts.append(
+            "Overhead vs history (zero-latency engine; p50 ms to first event / to response.completed)"
+        )
+        parts.append(
+            table(
+                [
+                    "history",
+                    "n",
+                    "http_full",
+                    "http_prev",
+                    "ws",
+                    "full/ws",
+                    "prev/ws",
+                    "full done",
+                    "ws done",
+                ],
+                rows,
+            )
+        )
         for transport, stages in overhead.get("server_stages_ms", {}).items():
-            parts.append(f"  server stages, {transport} (mean ms): " + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
+            parts.append(
+                f"  server stages, {transport} (mean ms): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
+            )
     rollout = results.get("rollout")
     if rollout:
         s = rollout["summary"]
@@ -89,29 +151,79 @@ def render_text(results: dict[str, Any]) -> str:
             f"{o['tool_ms']:g} ms/tool, {o['output_tokens_per_s']:g} tok/s out, {o['prefill_tokens_per_s']:g} tok/s prefill; p50 of {o['repeats']})"
         )
         rows = [
-            [m, s[m]["wall_s_p50"], s[m]["floor_s_p50"], s[m]["over_floor_p50"] * 100, s[m]["per_turn_overhead_ms_p50"], s[m]["first_event_p50_ms"]]
+            [
+                m,
+                s[m]["wall_s_p50"],
+                s[m]["floor_s_p50"],
+                s[m]["over_floor_p50"] * 100,
+                s[m]["per_turn_overhead_ms_p50"],
+                s[m]["first_event_p50_ms"],
+            ]
             for m in MODES
             if m in s
         ]
-        parts.append(table(["mode", "wall s", "floor s", "over floor %", "ms/turn over floor", "first event ms"], rows))
+        parts.append(
+            table(
+                [
+                    "mode",
+                    "wall s",
+                    "floor s",
+                    "over floor %",
+                    "ms/turn over floor",
+                    "first event ms",
+                ],
+                rows,
+            )
+        )
         speedup = s.get("ws_speedup_vs_http_full")
         if speedup is not None:
-            parts.append(f"  WebSocket rollout is {speedup * 100:.1f}% faster than HTTP full resend end to end")
-        parts.append(f"  same prompt tokens in every mode (context fidelity): {'yes' if s.get('prompts_match') else 'NO'}")
+            parts.append(
+                f"  WebSocket rollout is {speedup * 100:.1f}% faster than HTTP full resend end to end"
+            )
+        parts.append(
+            f"  same prompt tokens in every mode (context fidelity): {'yes' if s.get('prompts_match') else 'NO'}"
+        )
     scale = results.get("scale")
     if scale:
         o = scale["options"]
         fp = scale["after_build"]["footprint"]["bytes"]
         tokens = max(scale["cached_tokens"], 1)
         steady = scale["after_turns"]
-        parts.append(f"\nScale ({o['connections']} WebSocket connections x {o['context_tokens']} tokens, {o['turns']} turns each)")
+        parts.append(
+            f"\nScale ({o['connections']} WebSocket connections x {o['context_tokens']} tokens, {o['turns']} turns each)"
+        )
         parts.append(
             table(
-                ["conns", "errors", "build s", "turns/s", "turn p50 ms", "turn p99 ms", "cached tokens", "RSS B/tok", "objects B/tok"],
-                [[scale["connections"], scale["errors"], scale["build_s"], scale["turns_per_s"], scale["turn_p50_ms"], scale["turn_p99_ms"], scale["cached_tokens"], scale["rss_bytes_per_token"], scale["object_bytes_per_token"]]],
+                [
+                    "conns",
+                    "errors",
+                    "build s",
+                    "turns/s",
+                    "turn p50 ms",
+                    "turn p99 ms",
+                    "cached tokens",
+                    "RSS B/tok",
+                    "objects B/tok",
+                ],
+                [
+                    [
+                        scale["connections"],
+                        scale["errors"],
+                        scale["build_s"],
+                        scale["turns_per_s"],
+                        scale["turn_p50_ms"],
+                        scale["turn_p99_ms"],
+                        scale["cached_tokens"],
+                        scale["rss_bytes_per_token"],
+                        scale["object_bytes_per_token"],
+                    ]
+                ],
             )
         )
-        parts.append("  cache objects by kind after build (B/token): " + ", ".join(f"{k} {v / tokens:.2f}" for k, v in fp.items()))
+        parts.append(
+            "  cache objects by kind after build (B/token): "
+            + ", ".join(f"{k} {v / tokens:.2f}" for k, v in fp.items())
+        )
         parts.append(
             f"  after the turns: RSS {steady['rss_bytes_per_token']:.2f} B/token, objects "
             f"{steady['object_bytes_per_token']:.2f} B/token ({steady['cached_tokens']} tokens)"
@@ -120,11 +232,19 @@ def render_text(results: dict[str, Any]) -> str:
             sites = scale[key].get("tracemalloc")
             if sites:
                 parts.append(f"  top allocation sites since the mark, {label}:")
-                parts.extend(f"    {s['bytes'] / tokens:7.2f} B/token  {s['count']:>7}  {s['site']}" for s in sites[:8])
+                parts.extend(
+                    f"    {s['bytes'] / tokens:7.2f} B/token  {s['count']:>7}  {s['site']}"
+                    for s in sites[:8]
+                )
     checks = results.get("targets")
     if checks:
         parts.append("\nTargets")
-        parts.append(table(["target", "measured", "unit", "met"], [[t["target"], t["measured"], t["unit"], t["met"]] for t in checks]))
+        parts.append(
+            table(
+                ["target", "measured", "unit", "met"],
+                [[t["target"], t["measured"], t["unit"], t["met"]] for t in checks],
+            )
+        )
     return "\n".join(parts)
 
 
@@ -144,20 +264,38 @@ def plot_overhead(overhead: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"http_full": "tab:red", "http_prev": "tab:orange", "ws": "tab:blue"}
-    labels = {"http_full": "HTTP, full resend", "http_prev": "HTTP, previous_response_id", "ws": "WebSocket mode"}
+    labels = {
+        "http_full": "HTTP, full resend",
+        "http_prev": "HTTP, previous_response_id",
+        "ws": "WebSocket mode",
+    }
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     samples = overhead["samples"]
     for mode in MODES:
         mine = [s for s in samples if s["mode"] == mode]
         if not mine:
             continue
-        ax.scatter([s["history_tokens"] / 1000 for s in mine], [s["first_event_ms"] for s in mine], s=6, alpha=0.35, color=colors[mode])
+        ax.scatter(
+            [s["history_tokens"] / 1000 for s in mine],
+            [s["first_event_ms"] for s in mine],
+            s=6,
+            alpha=0.35,
+            color=colors[mode],
+        )
         bins: dict[int, list[float]] = {}
         for s in mine:
             bins.setdefault(s["history_tokens"] // _BIN_TOKENS, []).append(s["first_event_ms"])
         xs = [(b + 0.5) * _BIN_TOKENS / 1000 for b in sorted(bins)]
         ys = [sorted(bins[b])[len(bins[b]) // 2] for b in sorted(bins)]
-        ax.plot(xs, ys, color=colors[mode], label=labels[mode] + " (median per 8k)", linewidth=2, marker="o", markersize=3)
+        ax.plot(
+            xs,
+            ys,
+            color=colors[mode],
+            label=labels[mode] + " (median per 8k)",
+            linewidth=2,
+            marker="o",
+            markersize=3,
+        )
     ax.axhline(WS_P50_MS, color="gray", linestyle="--", linewidth=1, label="1 ms target")
     ax.set_yscale("log")
     ax.set_xlabel("conversation history (k tokens)")

@@ -47,7 +47,11 @@ def spec_for(opts: RolloutOptions) -> ServerSpec:
         instant=False,
         output_tokens_per_s=opts.output_tokens_per_s,
         prefill_tokens_per_s=opts.prefill_tokens_per_s,
-        scenario={"tool_calls": opts.tool_calls, "argument_tokens": opts.argument_tokens, "answer_tokens": opts.answer_tokens},
+        scenario={
+            "tool_calls": opts.tool_calls,
+            "argument_tokens": opts.argument_tokens,
+            "answer_tokens": opts.answer_tokens,
+        },
         renderer=opts.renderer,
         api_keys=keys,
         context_window=1 << 22,
@@ -71,7 +75,9 @@ def run(opts: RolloutOptions, tick: Callable[[int], None] = lambda n: None) -> d
             server.post("/_bench/profile/start")
             _rollout(server, opts, "ws", opts.repeats, outputs)
             path = Path(opts.profile_dir) / "profile-rollout-ws"
-            path.with_suffix(".txt").write_text(server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"])
+            path.with_suffix(".txt").write_text(
+                server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"]
+            )
     return {"options": asdict(opts), "runs": runs, "summary": summarize(runs)}
 
 
@@ -85,8 +91,17 @@ def _rollout(
     calls: int | None = None,
     tick: Callable[[int], None] = lambda n: None,
 ) -> dict[str, Any]:
-    instructions = prose_text(opts.instructions_tokens, seed=11)  # same for every mode: tenants separate them
-    loop = AgentLoop(mode, http_url=server.http_url, ws_url=server.ws_url, api_key=f"sk-{mode}-{rep}", instructions=instructions, tools=tools())
+    instructions = prose_text(
+        opts.instructions_tokens, seed=11
+    )  # same for every mode: tenants separate them
+    loop = AgentLoop(
+        mode,
+        http_url=server.http_url,
+        ws_url=server.ws_url,
+        api_key=f"sk-{mode}-{rep}",
+        instructions=instructions,
+        tools=tools(),
+    )
     results: list[TurnResult] = []
     tool_s = opts.tool_ms / 1e3
     limit = opts.tool_calls if calls is None else calls
@@ -152,5 +167,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     # Context fidelity, end to end: every mode must have sent the engine the same prompt.
     out["prompts_match"] = len({r["final_input_tokens"] for r in runs}) == 1
     if "ws" in out and "http_full" in out:
-        out["ws_speedup_vs_http_full"] = out["http_full"]["wall_s_p50"] / out["ws"]["wall_s_p50"] - 1
+        out["ws_speedup_vs_http_full"] = (
+            out["http_full"]["wall_s_p50"] / out["ws"]["wall_s_p50"] - 1
+        )
     return out

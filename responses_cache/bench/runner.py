@@ -22,7 +22,7 @@ import resource
 import socket
 import sys
 import tracemalloc
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -45,7 +45,6 @@ class ServerSpec:
     api_keys: dict[str, str] | None = None
     context_window: int = 131_072
     tracemalloc: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -101,9 +100,14 @@ class _Debug:
 
         body: dict[str, Any] = {
             "rss": rss_bytes(),
-            "engine": {"requests": self.engine.requests, "prefilled_tokens": self.engine.prefilled_tokens},
+            "engine": {
+                "requests": self.engine.requests,
+                "prefilled_tokens": self.engine.prefilled_tokens,
+            },
             "counters": {_name(k): v for k, v in getattr(self.metrics, "counters", {}).items()},
-            "summaries": {_name(k): list(v) for k, v in getattr(self.metrics, "summaries", {}).items()},
+            "summaries": {
+                _name(k): list(v) for k, v in getattr(self.metrics, "summaries", {}).items()
+            },
         }
         if request.query_params.get("footprint"):
             body["footprint"] = cache_footprint()

@@ -52,7 +52,9 @@ def steps(opts: ScaleOptions) -> int:
 
 def run(opts: ScaleOptions, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     fd_limit = raise_fd_limit(opts.connections + 256)
-    spec = ServerSpec(instant=True, renderer=opts.renderer, context_window=1 << 22, tracemalloc=opts.tracemalloc)
+    spec = ServerSpec(
+        instant=True, renderer=opts.renderer, context_window=1 << 22, tracemalloc=opts.tracemalloc
+    )
     with ServerProcess(spec) as server:
         result = asyncio.run(_run(server, opts, tick))
     result["fd_limit"] = fd_limit
@@ -60,7 +62,9 @@ def run(opts: ScaleOptions, tick: Callable[[int], None] = lambda n: None) -> dic
     return result
 
 
-async def _run(server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], None]) -> dict[str, Any]:
+async def _run(
+    server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], None]
+) -> dict[str, Any]:
     errors: list[str] = []
     corpus = code_text(opts.context_tokens * 4, seed=99)
     span = int(opts.context_tokens * CHARS_PER_TOKEN)
@@ -79,7 +83,13 @@ async def _run(server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], 
     async def build(i: int, conn: _Conn) -> None:
         offset = (i * 7919 * 4) % (len(corpus) - span)
         text = f"Context {i}:\n" + corpus[offset : offset + span]
-        body = {"model": MODEL, "instructions": instructions, "tools": tool_list, "input": [user_message(text)], "store": False}
+        body = {
+            "model": MODEL,
+            "instructions": instructions,
+            "tools": tool_list,
+            "input": [user_message(text)],
+            "store": False,
+        }
         async with limit:
             r = await _turn(conn, body, errors)
         if r is not None:
@@ -101,8 +111,12 @@ async def _run(server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], 
     async def chat(conn: _Conn) -> None:
         for k in range(opts.turns):
             body = {
-                "model": MODEL, "instructions": instructions, "tools": tool_list, "store": False,
-                "input": [user_message(f"Turn {k}: {question}")], "previous_response_id": conn.previous_id,
+                "model": MODEL,
+                "instructions": instructions,
+                "tools": tool_list,
+                "store": False,
+                "input": [user_message(f"Turn {k}: {question}")],
+                "previous_response_id": conn.previous_id,
             }
             r = await _turn(conn, body, errors)
             if r is not None:
@@ -115,7 +129,9 @@ async def _run(server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], 
     turns_s = time.perf_counter() - t1
     if opts.profile_dir:
         path = Path(opts.profile_dir) / "profile-scale-turns"
-        path.with_suffix(".txt").write_text(server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"])
+        path.with_suffix(".txt").write_text(
+            server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"]
+        )
     steady = _memory(server, opts, rss_before, sum(c.tokens for c in conns))
     await asyncio.gather(*(c.ws.close() for c in conns), return_exceptions=True)
 
@@ -141,7 +157,9 @@ async def _run(server: ServerProcess, opts: ScaleOptions, tick: Callable[[int], 
     }
 
 
-def _memory(server: ServerProcess, opts: ScaleOptions, rss_before: int, client_tokens: int) -> dict[str, Any]:
+def _memory(
+    server: ServerProcess, opts: ScaleOptions, rss_before: int, client_tokens: int
+) -> dict[str, Any]:
     """Server RSS growth and cache footprint per cached token, now."""
     stats = server.get("/_bench/stats?footprint=1")
     footprint = stats["footprint"]
@@ -153,7 +171,9 @@ def _memory(server: ServerProcess, opts: ScaleOptions, rss_before: int, client_t
         "rss_bytes_per_token": (rss - rss_before) / tokens if tokens else float("nan"),
         "object_bytes_per_token": footprint["total_bytes"] / tokens if tokens else float("nan"),
         "footprint": footprint,
-        "tracemalloc": server.get("/_bench/tracemalloc?top=12")["sites"] if opts.tracemalloc else None,
+        "tracemalloc": server.get("/_bench/tracemalloc?top=12")["sites"]
+        if opts.tracemalloc
+        else None,
     }
 
 
@@ -163,7 +183,13 @@ async def _open(server: ServerProcess, n: int, errors: list[str]) -> list[_Conn]
     async def one() -> _Conn | None:
         async with limit:
             try:
-                ws = await connect(server.ws_url, max_size=None, compression=None, open_timeout=120, ping_interval=None)
+                ws = await connect(
+                    server.ws_url,
+                    max_size=None,
+                    compression=None,
+                    open_timeout=120,
+                    ping_interval=None,
+                )
             except Exception as exc:  # counted, reported
                 errors.append(f"connect: {exc!r}")
                 return None
@@ -173,10 +199,18 @@ async def _open(server: ServerProcess, n: int, errors: list[str]) -> list[_Conn]
     return [c for c in opened if c is not None]
 
 
-async def _warm(conns: list[_Conn], instructions: str, tool_list: list[dict[str, Any]], errors: list[str]) -> None:
+async def _warm(
+    conns: list[_Conn], instructions: str, tool_list: list[dict[str, Any]], errors: list[str]
+) -> None:
     """One tiny turn each (imports, tokenizer caches), then forget it: the contexts start fresh."""
     for conn in conns:
-        body = {"model": MODEL, "instructions": instructions, "tools": tool_list, "input": "warm-up", "store": False}
+        body = {
+            "model": MODEL,
+            "instructions": instructions,
+            "tools": tool_list,
+            "input": "warm-up",
+            "store": False,
+        }
         await _turn(conn, body, errors)
         conn.previous_id, conn.tokens = None, 0
 

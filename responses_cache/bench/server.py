@@ -98,7 +98,11 @@ class ServerProcess:
         return self._call("POST", path)
 
     def _call(self, method: str, path: str) -> dict[str, Any]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method, data=b"" if method == "POST" else None)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            method=method,
+            data=b"" if method == "POST" else None,
+        )
         with urllib.request.urlopen(request, timeout=300) as response:
             body: dict[str, Any] = json.loads(response.read())
         return body
@@ -107,6 +111,9 @@ class ServerProcess:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()

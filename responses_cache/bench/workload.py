@@ -11,8 +11,24 @@ from typing import Any
 CHARS_PER_TOKEN = 3.6
 
 _NAMES = (
-    "parser", "tokens", "session", "cache", "render", "buffer", "lane", "state", "request",
-    "payload", "offset", "segment", "window", "budget", "record", "stream", "handler", "config",
+    "parser",
+    "tokens",
+    "session",
+    "cache",
+    "render",
+    "buffer",
+    "lane",
+    "state",
+    "request",
+    "payload",
+    "offset",
+    "segment",
+    "window",
+    "budget",
+    "record",
+    "stream",
+    "handler",
+    "config",
 )
 _TYPES = ("int", "str", "bytes", "list[int]", "dict[str, Any]", "float", "bool", "Node | None")
 
@@ -23,8 +39,13 @@ def _identifier(rng: random.Random) -> str:
 
 def _function(rng: random.Random) -> list[str]:
     name = _identifier(rng)
-    args = ", ".join(f"{_identifier(rng)}: {rng.choice(_TYPES)}" for _ in range(rng.randrange(1, 4)))
-    lines = [f"def {name}({args}) -> {rng.choice(_TYPES)}:", f'    """Return the {rng.choice(_NAMES)} for this {rng.choice(_NAMES)}."""']
+    args = ", ".join(
+        f"{_identifier(rng)}: {rng.choice(_TYPES)}" for _ in range(rng.randrange(1, 4))
+    )
+    lines = [
+        f"def {name}({args}) -> {rng.choice(_TYPES)}:",
+        f'    """Return the {rng.choice(_NAMES)} for this {rng.choice(_NAMES)}."""',
+    ]
     for _ in range(rng.randrange(3, 9)):
         target, source = _identifier(rng), _identifier(rng)
         kind = rng.randrange(4)
@@ -32,12 +53,14 @@ def _function(rng: random.Random) -> list[str]:
             lines.append(f"    {target} = {source}[{rng.randrange(64)}:{rng.randrange(64, 4096)}]")
         elif kind == 1:
             lines.append(f"    if {source} is None or len({source}) > {rng.randrange(1, 1 << 16)}:")
-            lines.append(f"        raise ValueError(f\"bad {rng.choice(_NAMES)}: {{{source}!r}}\")")
+            lines.append(f'        raise ValueError(f"bad {rng.choice(_NAMES)}: {{{source}!r}}")')
         elif kind == 2:
             lines.append(f"    for {target} in self.{source}.items():")
             lines.append(f"        total += len({target}) * {rng.randrange(2, 17)}")
         else:
-            lines.append(f"    {target} = self._{rng.choice(_NAMES)}.get({source}, {rng.randrange(1000)})")
+            lines.append(
+                f"    {target} = self._{rng.choice(_NAMES)}.get({source}, {rng.randrange(1000)})"
+            )
     lines.append(f"    return {_identifier(rng)}")
     return lines
 
@@ -46,7 +69,9 @@ def code_text(tokens: int, seed: int) -> str:
     """About ``tokens`` tokens of Python-like source, different for each ``seed``."""
     rng = random.Random(seed)
     target = int(tokens * CHARS_PER_TOKEN)
-    out: list[str] = [f"$ sed -n '1,{rng.randrange(200, 900)}p' src/{rng.choice(_NAMES)}/{rng.choice(_NAMES)}.py"]
+    out: list[str] = [
+        f"$ sed -n '1,{rng.randrange(200, 900)}p' src/{rng.choice(_NAMES)}/{rng.choice(_NAMES)}.py"
+    ]
     size = len(out[0])
     line_no = 1
     while size < target:
@@ -62,13 +87,35 @@ def code_text(tokens: int, seed: int) -> str:
 def prose_text(tokens: int, seed: int) -> str:
     """About ``tokens`` tokens of plain instructions-like prose."""
     rng = random.Random(seed)
-    words = ("the", "agent", "must", "run", "tests", "before", "editing", "files", "and", "explain",
-             "each", "change", "briefly", "keep", "diffs", "small", "use", "tools", "carefully", "when")
+    words = (
+        "the",
+        "agent",
+        "must",
+        "run",
+        "tests",
+        "before",
+        "editing",
+        "files",
+        "and",
+        "explain",
+        "each",
+        "change",
+        "briefly",
+        "keep",
+        "diffs",
+        "small",
+        "use",
+        "tools",
+        "carefully",
+        "when",
+    )
     target = int(tokens * 4.5)
     parts: list[str] = []
     size = 0
     while size < target:
-        sentence = " ".join(rng.choice(words) for _ in range(rng.randrange(8, 20))).capitalize() + ". "
+        sentence = (
+            " ".join(rng.choice(words) for _ in range(rng.randrange(8, 20))).capitalize() + ". "
+        )
         parts.append(sentence)
         size += len(sentence)
     return "".join(parts)[:target]

@@ -71,5 +71,7 @@ def test_targets_listed(results: tuple[dict[str, Any], Path]) -> None:
 
 
 def test_helpers() -> None:
-    assert bucket_of(0) == "<8k" and bucket_of(99_999) == "64k-100k" and bucket_of(100_000) == ">=100k"
+    assert (
+        bucket_of(0) == "<8k" and bucket_of(99_999) == "64k-100k" and bucket_of(100_000) == ">=100k"
+    )
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
