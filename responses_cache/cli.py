@@ -77,18 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write-ahead spill file for records the sink cannot take yet (replayed at start)",
     )
     serve.set_defaults(func=_serve)
-    bench = sub.add_parser("bench", help="benchmark the server over loopback (see docs/benchmarks.md)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=_bench)
-    args = parser.parse_args(argv)
+    sub.add_parser("bench", help="benchmark the server over loopback (`responses-cache bench --help`)", add_help=False)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:  # the bench command parses its own options
+        from .bench import main as bench_main
+
+        return bench_main(arguments[1:])
+    args = parser.parse_args(arguments)
     result: int = args.func(args)
     return result
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from .bench import main as bench_main
-
-    return bench_main(args.rest)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ class ResponsesService:
             token_log=None,
             route=None,
             open_calls=open_calls,
+            conversation_key=chain[0].response.prompt_cache_key or chain[0].id,
         )
 
 

@@ -36,6 +36,8 @@ class ResponseState:
     open_calls: Mapping[str, str] = field(default_factory=dict)
     #: State each validation/safety hook carried forward, by hook name.
     hook_state: Mapping[str, Any] = field(default_factory=dict)
+    #: Engine-affinity key of the conversation (its first response's id, or its prompt_cache_key).
+    conversation_key: str = ""
     #: Approximate bytes of the items of the whole conversation (for cache budgets).
     total_bytes: int = 0
 

@@ -26,6 +26,7 @@ from .backends.simulated import SimulatedConfig, SimulatedEngine
 from .pipeline.hooks import Hook, HookContext
 from .pipeline.turn import Turn
 from .protocol import events as ev
+from .protocol.codec import encode
 from .protocol.errors import ResponsesError
 from .protocol.items import Item, identity
 from .state import ResponseState
@@ -177,7 +178,7 @@ async def run_turns(
         events: list[dict[str, Any]] = []
 
         async def emit(event: ev.Event, sink: list[dict[str, Any]] = events) -> None:
-            sink.append(msgspec.to_builtins(event))
+            sink.append(msgspec.json.decode(encode(event)))  # what a client receives
 
         try:
             request = decode_create(msgspec.json.encode(body))

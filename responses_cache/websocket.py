@@ -146,6 +146,7 @@ class _Connection:
                     close_code = 1009
                     break
                 self.session.receive(text, time.perf_counter())
+                del message, text  # a decoded frame must not outlive its turn (memory per connection)
                 await self._pump()
                 if self.session.close_code is not None:
                     break

@@ -97,7 +97,9 @@ class SimulatedEngine:
         cfg = self.config
         prompt_tokens, cached = self._prefill_accounting(request)
         self.prefilled_tokens += prompt_tokens - cached
-        if not cfg.instant and prompt_tokens > cached:
+        if cfg.instant:
+            await asyncio.sleep(0)  # let what the server already queued (response.created) go out
+        elif prompt_tokens > cached:
             await asyncio.sleep((prompt_tokens - cached) / cfg.prefill_tokens_per_s)
         plan = self._plan(request)
         pieces = self._tokenize(request, plan.text if plan.call is None else plan.arguments)

@@ -64,6 +64,9 @@ class Pipeline:
         timings = turn.timings
         t0 = time.perf_counter()
         ctx = HookContext(turn.tenant, turn.model, turn.response_id, turn.lane, turn.transport)
+        # One key per conversation, inherited by continuations and forks: the engine replica and
+        # its prefix cache follow the conversation, whichever connection or lane carries it.
+        turn.conversation_key = (parent.conversation_key if parent else "") or request.prompt_cache_key or turn.response_id
 
         # validate: only the new items, against the calls the parent left open.
         open_calls = self.validator(
@@ -157,6 +160,7 @@ class Pipeline:
             route=route,
             open_calls=open_calls_after(open_calls, out.output),
             hook_state={**hook_state, **alongside_state},
+            conversation_key=turn.conversation_key,
             total_bytes=(parent.total_bytes if parent else 0) + sum(len(msgspec.json.encode(i)) for i in own_items),
         )
         if request.store and self.store is not None and status != "failed":
@@ -184,7 +188,6 @@ class Pipeline:
         turn: Turn, route: Route, rendered: Rendered | None, context: Conversation
     ) -> GenerationRequest:
         request = turn.request
-        lane = turn.lane or ""
         return GenerationRequest(
             response_id=turn.response_id,
             model=turn.model,
@@ -192,7 +195,7 @@ class Pipeline:
             tools=turn.tools,
             conversation=context,
             prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
-            affinity_key=f"{turn.tenant}/{lane}/{route.replica_for(turn.tenant + '/' + lane)}",
+            affinity_key=f"{turn.tenant}/{turn.conversation_key}/{route.replica_for(turn.conversation_key)}",
             max_output_tokens=request.max_output_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -291,14 +294,15 @@ class Pipeline:
         incomplete: IncompleteDetails | None = None,
     ) -> Response:
         r = turn.request
-        tools = bytes(r.tools)
         return Response(
             id=turn.response_id,
             created_at=int(turn.created_at),
             status=status,
             model=turn.model,
             output=list(output),
-            tools=r.tools if tools and tools != b"null" else [],
+            # The parsed tool set's bytes, shared by every turn that sends the same tools: echoing
+            # ``r.tools`` would pin the whole request frame in the cached state.
+            tools=msgspec.Raw(turn.tools.raw),
             tool_choice=r.tool_choice,
             parallel_tool_calls=r.parallel_tool_calls,
             instructions=r.instructions,

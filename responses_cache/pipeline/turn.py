@@ -29,6 +29,8 @@ class Turn:
     timings: dict[str, float] = field(default_factory=dict)
     #: Credentials from the client's request, forwarded to backends that need them.
     headers: dict[str, str] = field(default_factory=dict)
+    #: The conversation's engine-affinity key (set by the pipeline).
+    conversation_key: str = ""
     #: An unknown parent delegated to the backend's own store (see ``GenerationRequest``).
     delegated_parent: str | None = None
 
