@@ -97,7 +97,7 @@ class WebSocketMode:
             )
             return
         await websocket.accept()
-        connection = _Connection(self, websocket, tenant)
+        connection = _Connection(self, websocket, tenant, send)
         self.connections += 1
         try:
             await connection.run()
@@ -114,15 +114,22 @@ class WebSocketMode:
 
 
 class _Connection:
-    def __init__(self, mode: WebSocketMode, websocket: WebSocket, tenant: str) -> None:
+    def __init__(self, mode: WebSocketMode, websocket: WebSocket, tenant: str, send: Send) -> None:
         self.mode = mode
         self.ws = websocket
+        self._asgi_send = send
         self.service = mode.service
         self.session = Session(tenant, mode.config, now=time.monotonic())
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         self.routes = RouteCache(self.service.router, tenant)
         self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=mode.outbound_queue)
+        #: Held while a frame is being written. With nothing queued, a turn writes its event
+        #: itself (no hop through the writer task); otherwise the writer keeps the order.
+        self._writing = asyncio.Lock()
+        self._queued = 0
+        self._direct = 0
+        self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
         self.closed = False
 
@@ -190,31 +197,52 @@ class _Connection:
             self.turns.add(task)
             task.add_done_callback(self.turns.discard)
         if self.session.close_code is not None:
+            self._queued += 1
             await self.outbound.put(_CLOSE)
 
     async def _send(self, event: ev.Event) -> None:
-        if not self.closed:
-            await self.outbound.put(encode(event))
+        if self.closed or not self._usable:
+            await asyncio.sleep(0)  # the peer is gone: let the cancellation reach this turn
+            return
+        data = encode(event)
+        if self._queued == 0 and not self._writing.locked():
+            async with self._writing:
+                await self._write(data)
+            # A write into free socket buffers never suspends: yield now and then, so a fast
+            # engine cannot starve the reader (disconnects) or other connections.
+            self._direct += 1
+            if self._direct % 64 == 0:
+                await asyncio.sleep(0)
+            return
+        self._queued += 1
+        await self.outbound.put(data)
+
+    async def _write(self, data: bytes) -> None:
+        if not self._usable:
+            return
+        try:
+            await self._asgi_send({"type": "websocket.send", "text": data.decode()})
+        except Exception:  # the peer went away: stop generating for it
+            self._usable = False
+            for task in self.turns:
+                task.cancel()
 
     async def _writer(self) -> None:
         """Drains the outbound queue until ``None``. It keeps draining after the socket broke or was
         closed (discarding), so that producers never block on a queue nobody reads."""
-        usable = True
         while True:
             data = await self.outbound.get()
             if data is None:
                 return
-            if not usable:
-                continue
-            if data is _CLOSE:
-                usable = False
-                with contextlib.suppress(Exception):
-                    await self.ws.close(self.session.close_code or 1000)
-                continue
-            try:
-                await self.ws.send_text(data.decode())
-            except Exception:  # the peer went away; the reader sees the disconnect
-                usable = False
+            async with self._writing:
+                if data is _CLOSE:
+                    if self._usable:
+                        self._usable = False
+                        with contextlib.suppress(Exception):
+                            await self.ws.close(self.session.close_code or 1000)
+                else:
+                    await self._write(data)
+                self._queued -= 1
 
     async def _turn(self, pending: PendingTurn) -> None:
         state: ResponseState | None = None

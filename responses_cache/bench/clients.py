@@ -8,6 +8,7 @@ their ``type`` (the terminal event is decoded in full), so client-side parsing s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 from websockets.asyncio.client import ClientConnection
-from websockets.sync.client import connect as ws_connect
+from websockets.asyncio.client import connect as ws_connect
 
 _TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 
@@ -87,34 +88,31 @@ def http_body(body: dict[str, Any]) -> bytes:
 
 
 class WSClient:
-    """A synchronous WebSocket-mode connection (lowest client overhead for sequential turns)."""
+    """A WebSocket-mode connection driven turn by turn from synchronous code.
+
+    It runs the asyncio ``websockets`` client on a private event loop: the sync client hands every
+    frame from a reader thread to the caller, which added about 0.5 ms per turn on this 2-core
+    machine (measured with a warm-up-only turn: p50 0.99 ms sync vs 0.49 ms asyncio).
+    """
 
     def __init__(self, url: str, api_key: str = "sk-bench") -> None:
-        self._ws = ws_connect(
-            url,
-            max_size=None,
-            compression=None,
-            additional_headers={"Authorization": f"Bearer {api_key}"},
-            open_timeout=60,
+        self._loop = asyncio.new_event_loop()
+        self._ws: ClientConnection = self._loop.run_until_complete(
+            ws_connect(
+                url,
+                max_size=None,
+                compression=None,
+                additional_headers={"Authorization": f"Bearer {api_key}"},
+                open_timeout=60,
+            )
         )
 
     def turn(self, frame: str) -> TurnResult:
-        ws = self._ws
-        t0 = time.perf_counter()
-        ws.send(frame)
-        first = 0.0
-        events = 0
-        while True:
-            data = ws.recv()
-            if not events:
-                first = time.perf_counter()
-            events += 1
-            kind = _probe.decode(data).type
-            if kind in _TERMINAL:
-                return _finish(kind, data, t0, first, events)
+        return self._loop.run_until_complete(ws_turn_async(self._ws, frame))
 
     def close(self) -> None:
-        self._ws.close()
+        self._loop.run_until_complete(self._ws.close())
+        self._loop.close()
 
     def __enter__(self) -> WSClient:
         return self

@@ -240,7 +240,8 @@ class BaseRenderer(ABC):
         ctx = node.ctx
         for item, r, f in zip(items, rendered, all_facts, strict=True):
             call_id = item.call_id if isinstance(item, FunctionCall) else None
-            node = Node(node, ctx, r.seg, r.flags, f, hidden, call_id, r.call_target)
+            # ``r.seg[:]``: an exact-size copy, dropping the slack ``extend`` left (cached memory).
+            node = Node(node, ctx, r.seg[:], r.flags, f, hidden, call_id, r.call_target)
         return TokenLog(node)
 
     def prompt(self, log: TokenLog) -> array[int]:
