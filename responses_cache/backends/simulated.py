@@ -3,9 +3,9 @@
 Timing model (all rates configurable; ``instant=True`` makes every delay zero):
 
 * **prefill** — time to first token = ``uncached prompt tokens / prefill_tokens_per_s``. The
-  engine keeps, per affinity key (one conversation lane pinned to one replica), the last prompt it
-  processed, and treats the common prefix with that prompt as already in its KV cache, like a
-  real prefix cache on a pinned replica.
+  engine is one replica with a block-level prefix cache (:class:`PrefixCache`, 128-token blocks,
+  2M tokens by default): the leading whole blocks it has seen before count as cached, whoever sent
+  them, as in vLLM's automatic prefix caching.
 * **decode** — output streams at ``output_tokens_per_s``, one delta per output token.
 
 Default policy, enough to drive a real agent client end to end:
@@ -25,9 +25,11 @@ first ``tool_calls`` turns after a user message each call the first function too
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -69,7 +71,9 @@ class SimulatedConfig:
     instant: bool = False
     scenario: Scenario | None = None
     model_names: tuple[str, ...] = ("sim-1",)
-    affinity_slots: int = 4096
+    #: Prefix-cache capacity in tokens and its block size (whole blocks only, as real engines).
+    kv_cache_tokens: int = 2_000_000
+    kv_block_tokens: int = 128
 
 
 class SimulatedEngine:
@@ -85,7 +89,7 @@ class SimulatedEngine:
     ) -> None:
         self.config = config or SimulatedConfig()
         self._clock = clock
-        self._kv: LRUCache[str, object] = LRUCache(maxsize=self.config.affinity_slots)
+        self._kv = PrefixCache(self.config.kv_cache_tokens, self.config.kv_block_tokens)
         self.prefilled_tokens = 0
         self.requests = 0
 
@@ -121,13 +125,13 @@ class SimulatedEngine:
     # -- internals -------------------------------------------------------------------------------
 
     def _prefill_accounting(self, request: GenerationRequest) -> tuple[int, int]:
+        """(prompt tokens, tokens found in the prefix cache). An instant engine skips the lookup."""
         if request.prompt is None:
             return 0, 0
-        log = request.prompt.log
-        previous = self._kv.get(request.affinity_key)
-        cached = log.common_prefix(previous) if previous is not None else 0  # type: ignore[arg-type]
-        self._kv[request.affinity_key] = log
-        return log.num_tokens, cached
+        if self.config.instant:
+            return request.prompt.num_tokens, 0
+        tokens = request.prompt.tokens()
+        return len(tokens), self._kv.lookup_and_insert(tokens)
 
     def _tokenize(self, request: GenerationRequest, text: str) -> list[str]:
         if request.prompt is not None:
@@ -173,6 +177,34 @@ class SimulatedEngine:
             payload = (_FILLER * (1 + scenario.argument_tokens // 20))[: scenario.argument_tokens * 4]
             return _Plan(call=function, namespace=namespace, arguments=json.dumps({"step": calls_done + 1, "note": payload}))
         return _Plan(text=(_FILLER * (1 + scenario.answer_tokens // 20))[: scenario.answer_tokens * 4])
+
+
+class PrefixCache:
+    """A block-level prefix cache, as engines keep one (vLLM's automatic prefix caching, Cerebras'
+    prompt caching): the prompt is cut into whole blocks, each identified by a hash chained over
+    every block before it, and a request reuses its longest run of leading blocks already seen.
+    Least recently used blocks are dropped beyond ``capacity_tokens``. Content decides, not which
+    client or connection sent the prompt."""
+
+    def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self._blocks: LRUCache[bytes, None] = LRUCache(maxsize=max(1, capacity_tokens // block_tokens))
+
+    def lookup_and_insert(self, tokens: Sequence[int]) -> int:
+        """Tokens of ``tokens``' prefix found in the cache; its whole blocks are then cached."""
+        data = memoryview(array("I", tokens)).cast("B")
+        step = self.block_tokens * 4
+        digest = b""
+        cached, hit = 0, True
+        for start in range(0, len(data) - len(data) % step, step):
+            digest = hashlib.blake2b(digest + data[start : start + step], digest_size=16).digest()
+            if hit and digest in self._blocks:
+                self._blocks[digest] = None  # touch
+                cached += self.block_tokens
+            else:
+                hit = False
+                self._blocks[digest] = None
+        return cached
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
 """Agent rollout: a scripted coding-agent task (``tool_calls`` calls, then an answer) end to end,
 on an engine with realistic timing, per transport mode, against the engine's own floor.
 
-The floor is what the engine alone needs, from its timing model with a perfect prefix cache: per
-turn, prefill of the prompt tokens not in the previous prompt (``Δ input_tokens /
-prefill_tokens_per_s``) plus decode (``output_tokens / output_tokens_per_s``), plus the tool time
-the client injects per call. Modes run one rollout each in turn (rotating the order per repeat),
-each on its own tenant so the engine's prefix cache is never shared between them.
+The floor is what the engine alone needs, from its own timing model: per turn, prefill of the
+prompt tokens its prefix cache cannot supply (the cache keeps whole ``kv_block_tokens`` blocks of
+the previous prompt) at ``prefill_tokens_per_s``, plus decode (``output_tokens /
+output_tokens_per_s``), plus the tool time the client injects per call. Modes run one rollout each
+in turn (rotating the order per repeat), each with its own first system-prompt line, so the
+engine's content-addressed prefix cache never serves one run from another's prompts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..backends.simulated import SimulatedConfig
 from .agent import MODES, AgentLoop, Mode
 from .clients import TurnResult
 from .runner import ServerSpec
@@ -91,9 +93,10 @@ def _rollout(
     calls: int | None = None,
     tick: Callable[[int], None] = lambda n: None,
 ) -> dict[str, Any]:
-    instructions = prose_text(
-        opts.instructions_tokens, seed=11
-    )  # same for every mode: tenants separate them
+    # A different first line per run (same length in tokens, so prompts stay comparable across
+    # modes): the engine's prefix cache is content-addressed.
+    session = 1000 + 100 * MODES.index(mode) + rep + 1
+    instructions = f"Session {session}.\n" + prose_text(opts.instructions_tokens, seed=11)
     loop = AgentLoop(
         mode,
         http_url=server.http_url,
@@ -140,11 +143,14 @@ def _rollout(
 
 
 def engine_floor(results: list[TurnResult], opts: RolloutOptions) -> float:
-    """Engine time alone: prefill of each prompt's new tokens plus decode, from the timing model."""
+    """Engine time alone, from its timing model: prefill of what its prefix cache cannot supply
+    (whole blocks of the previous prompt are cached), plus decode."""
+    block = SimulatedConfig().kv_block_tokens
     total = 0.0
     previous = 0
     for r in results:
-        total += max(0, r.input_tokens - previous) / opts.prefill_tokens_per_s
+        cached = min(previous // block * block, r.input_tokens)
+        total += (r.input_tokens - cached) / opts.prefill_tokens_per_s
         total += r.output_tokens / opts.output_tokens_per_s
         previous = r.input_tokens
     return total

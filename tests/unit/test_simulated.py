@@ -67,3 +67,22 @@ async def test_scenario_makes_n_calls_then_answers() -> None:
         items += [FunctionCall(call_id=f"c{n}", name="exec_command", arguments="{}"), FunctionCallOutput(call_id=f"c{n}", output="ok")]
     events = await _run(items, config=config)
     assert not any(isinstance(e, ToolCallStart) for e in events)
+
+
+def test_prefix_cache_reuses_whole_leading_blocks_by_content() -> None:
+    from responses_cache.backends.simulated import PrefixCache
+
+    cache = PrefixCache(capacity_tokens=10_000, block_tokens=4)
+    assert cache.lookup_and_insert(list(range(10))) == 0  # blocks [0-3], [4-7] stored; 8, 9 partial
+    assert cache.lookup_and_insert(list(range(12))) == 8  # a resend that extends the prompt
+    assert cache.lookup_and_insert([*range(4), 99, 5, 6, 7]) == 4  # diverges in the second block
+    assert cache.lookup_and_insert([1, 2, 3]) == 0  # shorter than a block
+
+
+def test_prefix_cache_forgets_least_recently_used_blocks() -> None:
+    from responses_cache.backends.simulated import PrefixCache
+
+    cache = PrefixCache(capacity_tokens=8, block_tokens=4)  # two blocks
+    cache.lookup_and_insert([1, 1, 1, 1, 2, 2, 2, 2])
+    cache.lookup_and_insert([3, 3, 3, 3, 4, 4, 4, 4])  # evicts the first prompt's blocks
+    assert cache.lookup_and_insert([1, 1, 1, 1]) == 0
