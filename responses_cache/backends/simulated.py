@@ -37,6 +37,7 @@ from cachetools import LRUCache
 
 from ..protocol.items import FunctionCallOutput, Message, text_of
 from ..protocol.tools import FunctionTool
+from ..tokens.log import TokenLog
 from .base import (
     BackendEvent,
     EngineUsage,
@@ -90,6 +91,7 @@ class SimulatedEngine:
         self.config = config or SimulatedConfig()
         self._clock = clock
         self._kv = PrefixCache(self.config.kv_cache_tokens, self.config.kv_block_tokens)
+        self._resume: LRUCache[str, tuple[TokenLog, tuple[int, bytes]]] = LRUCache(maxsize=4096)
         self.prefilled_tokens = 0
         self.requests = 0
 
@@ -125,13 +127,23 @@ class SimulatedEngine:
     # -- internals -------------------------------------------------------------------------------
 
     def _prefill_accounting(self, request: GenerationRequest) -> tuple[int, int]:
-        """(prompt tokens, tokens found in the prefix cache). An instant engine skips the lookup."""
+        """(prompt tokens, tokens found in the prefix cache). An instant engine skips the lookup.
+
+        The engine remembers, per conversation (``affinity_key``), where its previous prompt's
+        whole blocks ended, so a continuation hashes only its new blocks (O(new input))."""
         if request.prompt is None:
             return 0, 0
         if self.config.instant:
             return request.prompt.num_tokens, 0
+        log = request.prompt.log
         tokens = request.prompt.tokens()
-        return len(tokens), self._kv.lookup_and_insert(tokens)
+        resume = None
+        previous = self._resume.get(request.affinity_key)
+        if previous is not None and log.common_prefix(previous[0]) >= previous[1][0]:
+            resume = previous[1]
+        cached = self._kv.lookup_and_insert(tokens, resume=resume)
+        self._resume[request.affinity_key] = (log, self._kv.last_boundary)
+        return len(tokens), cached
 
     def _tokenize(self, request: GenerationRequest, text: str) -> list[str]:
         if request.prompt is not None:
@@ -189,21 +201,30 @@ class PrefixCache:
     def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
         self.block_tokens = block_tokens
         self._blocks: LRUCache[bytes, None] = LRUCache(maxsize=max(1, capacity_tokens // block_tokens))
+        #: ``(tokens, chained hash)`` at the last whole block of the latest prompt.
+        self.last_boundary: tuple[int, bytes] = (0, b"")
 
-    def lookup_and_insert(self, tokens: Sequence[int]) -> int:
-        """Tokens of ``tokens``' prefix found in the cache; its whole blocks are then cached."""
-        data = memoryview(array("I", tokens)).cast("B")
+    def lookup_and_insert(self, tokens: Sequence[int], *, resume: tuple[int, bytes] | None = None) -> int:
+        """Tokens of ``tokens``' prefix found in the cache; its whole blocks are then cached.
+
+        ``resume`` — ``(tokens, chained hash)`` at a block boundary of an earlier prompt that this
+        one extends — skips re-hashing that prefix when its last block is still cached."""
+        start, digest = 0, b""
+        if resume is not None and resume[0] <= len(tokens) and resume[1] in self._blocks:
+            start, digest = resume
+            self._blocks[digest] = None  # touch
+        data = memoryview(array("I", tokens[start:])).cast("B")
         step = self.block_tokens * 4
-        digest = b""
-        cached, hit = 0, True
-        for start in range(0, len(data) - len(data) % step, step):
-            digest = hashlib.blake2b(digest + data[start : start + step], digest_size=16).digest()
+        cached, hit = start, True
+        for offset in range(0, len(data) - len(data) % step, step):
+            digest = hashlib.blake2b(digest + data[offset : offset + step], digest_size=16).digest()
             if hit and digest in self._blocks:
                 self._blocks[digest] = None  # touch
                 cached += self.block_tokens
             else:
                 hit = False
                 self._blocks[digest] = None
+        self.last_boundary = (start + len(data) // step * self.block_tokens, digest)
         return cached
 
 

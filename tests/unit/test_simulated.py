@@ -86,3 +86,30 @@ def test_prefix_cache_forgets_least_recently_used_blocks() -> None:
     cache.lookup_and_insert([1, 1, 1, 1, 2, 2, 2, 2])
     cache.lookup_and_insert([3, 3, 3, 3, 4, 4, 4, 4])  # evicts the first prompt's blocks
     assert cache.lookup_and_insert([1, 1, 1, 1]) == 0
+
+
+def test_prefix_cache_resume_hashes_only_new_blocks_with_the_same_result() -> None:
+    from responses_cache.backends.simulated import PrefixCache
+
+    first, second = list(range(1000)), [*range(1000), *range(5000, 5300)]
+    resumed, fresh = PrefixCache(100_000, 16), PrefixCache(100_000, 16)
+    assert resumed.lookup_and_insert(first) == fresh.lookup_and_insert(first) == 0
+    boundary = resumed.last_boundary
+    assert boundary[0] == 992  # 62 whole blocks
+    assert resumed.lookup_and_insert(second, resume=boundary) == fresh.lookup_and_insert(second) == 992
+    assert resumed.last_boundary == fresh.last_boundary
+
+
+async def test_engine_counts_cached_prefix_of_a_continuation() -> None:
+    from responses_cache.backends import Prompt
+    from responses_cache.tokens import get_renderer
+
+    renderer = get_renderer("harmony")
+    engine = SimulatedEngine(SimulatedConfig(prefill_tokens_per_s=1e12, output_tokens_per_s=1e12, kv_block_tokens=16))
+    log = renderer.render_full(None, SHELL, [Message(role="user", content="word " * 500)])
+    longer = renderer.extend(log, [Message(role="assistant", content="ok"), Message(role="user", content="more " * 100)])
+    for current in (log, longer):
+        request = GenerationRequest("r", "sim-1", None, SHELL, EMPTY, Prompt(current, renderer), "conv-1")
+        _ = [e async for e in engine.generate(request)]
+    prompt_len = len(renderer.prompt(longer))
+    assert engine.prefilled_tokens == len(renderer.prompt(log)) + prompt_len - (log.num_tokens // 16 * 16)
