@@ -104,7 +104,13 @@ class HookRunner:
             return items, new_states
         calls = self._inputs(self.before, items, states, history)
         verdicts = await asyncio.gather(*(h(ctx, seen, state) for h, seen, state in calls))
-        for hook, verdict in zip(self.before, verdicts, strict=True):
+        rewrote = False
+        for (hook, seen, state), verdict in zip(calls, verdicts, strict=True):
+            if rewrote and verdict.items is not None:
+                # A second rewriting hook (two redactors, say) ran on the original items; run it
+                # again on what the earlier ones made of them, so the rewrites compose.
+                ((_, seen, state),) = self._inputs([hook], items, states, history)
+                verdict = await hook(ctx, seen, state)
             if verdict.flagged:
                 raise Flag(hook.name, verdict).error()
             new_states[hook.name] = verdict.state
@@ -112,8 +118,8 @@ class HookRunner:
                 replaced = list(verdict.items)
                 # A hydrating hook saw (and may have rewritten) the history too: keep only the
                 # replacements of the new items, the history is already part of the context.
-                seen = next(s for h, s, _ in calls if h is hook)
-                items = replaced[len(seen) - len(items):] if seen is not items else replaced
+                items = replaced[len(seen) - len(items) :] if len(seen) != len(items) else replaced
+                rewrote = True
         return items, new_states
 
     async def run_alongside(
