@@ -15,6 +15,7 @@ counts it) and ``fail_open=False`` flags the turn with code ``moderation_unavail
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +56,26 @@ class ModerationHook:
         self.client = client
         self.code = code
         self.message = message
+        self._owned: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
         self.bytes_scanned = 0
         self.calls = 0
         self.failures = 0
+
+    def _client(self, module: Any) -> httpx.AsyncClient:
+        """The injected client, or one this hook owns (one per event loop, kept for reuse)."""
+        if self.client is not None:
+            return self.client
+        loop = asyncio.get_running_loop()
+        if self._owned is None or self._owned[0] is not loop:
+            self._owned = (loop, module.AsyncClient())
+        owned: httpx.AsyncClient = self._owned[1]
+        return owned
+
+    async def aclose(self) -> None:
+        """Close the client this hook created (an injected client stays open)."""
+        if self._owned is not None:
+            owned, self._owned = self._owned[1], None
+            await owned.aclose()
 
     async def classify(self, texts: list[str]) -> bool:
         """Whether the service flags any of ``texts``; raises :class:`ModerationUnavailable`."""
@@ -65,15 +83,9 @@ class ModerationHook:
 
         self.calls += 1
         try:
-            if self.client is not None:
-                response = await self.client.post(
-                    self.url, json={"input": texts}, headers=self.headers, timeout=self.timeout
-                )
-            else:
-                async with httpx.AsyncClient(timeout=self.timeout) as client:
-                    response = await client.post(
-                        self.url, json={"input": texts}, headers=self.headers
-                    )
+            response = await self._client(httpx).post(
+                self.url, json={"input": texts}, headers=self.headers, timeout=self.timeout
+            )
             response.raise_for_status()
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
