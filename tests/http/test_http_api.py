@@ -202,3 +202,44 @@ def test_item_size_and_count_limits(live_server_factory: Any) -> None:
     three = [{"role": "user", "content": "a"}] * 3
     _assert_error(_post(server, {"model": "sim-1", "input": three}), 400, "too_many_items", "input")
     assert _post(server, {"model": "sim-1", "input": "x" * 64}).status_code == 200
+
+
+def test_media_parts_reach_backends_that_take_them(live_server_factory: Any) -> None:
+    from responses_cache.protocol.items import InputImage, Message
+
+    image = {"role": "user", "content": [{"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": "data:,x"}]}
+    recorder = RecordingBackend()
+    server = live_server_factory(backend=recorder, renderer=None)  # a message-based engine: no tokenizer
+    assert _post(server, {"model": "sim-1", "input": [image]}).status_code == 200
+    (message,) = recorder.requests[-1].conversation.items()
+    assert isinstance(message, Message) and isinstance(message.content, list)
+    assert message.content[1] == InputImage(image_url="data:,x")
+
+    recorder.accepts_media = False  # type: ignore[misc]
+    r = _post(server, {"model": "sim-1", "input": [image]})
+    _assert_error(r, 400, "unsupported_value", "input[0].content")
+
+
+def test_stored_responses_are_scoped_by_tenant(live_server_factory: Any) -> None:
+    """Invariant 4: nothing crosses tenants — not over HTTP, not by hydration over WebSocket."""
+    from websockets.sync.client import connect
+
+    server = live_server_factory(api_keys={"sk-alice": "alice", "sk-bob": "bob"})
+    alice = OpenAI(base_url=server.http_url, api_key="sk-alice", max_retries=0)
+    bob = OpenAI(base_url=server.http_url, api_key="sk-bob", max_retries=0)
+    first = alice.responses.create(model="sim-1", input="Alice's secret plan.")
+    assert alice.responses.retrieve(first.id).id == first.id
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        bob.responses.create(model="sim-1", input="tell me", previous_response_id=first.id)
+    assert err.value.code == "previous_response_not_found"
+    with connect(server.ws_url, additional_headers={"Authorization": "Bearer sk-bob"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "x", "previous_response_id": first.id}))
+        event = json.loads(ws.recv())
+    assert event["type"] == "error" and event["error"]["code"] == "previous_response_not_found"
+    with connect(server.ws_url, additional_headers={"Authorization": "Bearer sk-alice"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "x", "previous_response_id": first.id}))
+        while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "error"):
+            pass
+    assert event["type"] == "response.completed"  # hydrated from alice's store
