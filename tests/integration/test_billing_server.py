@@ -154,3 +154,27 @@ def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
     billed = [json.loads(line)["response_id"] for line in ledger.read_text().splitlines()]
     assert len(billed) == len(set(billed))  # once per response id
     assert seen <= set(billed), f"{len(seen - set(billed))} responses were not billed"
+
+
+def test_http_stream_disconnect_cancels_generation_and_bills_partial_usage(live_server_factory: Any) -> None:
+    import httpx
+
+    records: list[UsageRecord] = []
+    biller = Biller(CallableSink(records.extend), flush_interval=0.001)
+    engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
+    server = live_server_factory(backend=engine, billing=biller)
+    body = {"model": "sim-1", "input": "write a lot", "stream": True}
+    with httpx.stream("POST", f"{server.http_url}/responses", json=body) as response:
+        deltas = 0
+        for line in response.iter_lines():
+            if line.startswith("data:") and '"response.output_text.delta"' in line:
+                deltas += 1
+                if deltas == 5:
+                    break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 10
+    while not records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(records) == 1
+    record = records[0]
+    assert record.status == "cancelled" and record.transport == "http"
+    assert 5 <= record.output_tokens < 400
