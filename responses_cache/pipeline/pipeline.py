@@ -94,18 +94,18 @@ class Pipeline:
 
         input_context = context.extend(items)
         out = OutputBuilder(emit, turn.lane)
-        response = self._response(turn, status="in_progress", output=[])
-        await out.send(ev.ResponseCreated(response=response))
-        await out.send(ev.ResponseInProgress(response=response))
-
         status: Any = "completed"
         error: ResponseErrorInfo | None = None
         incomplete: IncompleteDetails | None = None
         late_flag: Flag | None = None
         alongside_state: dict[str, Any] = {}
         engine_usage = None
+        finish: Finish | None = None
         try:
-            finish: Finish | None = None
+            # From response.created on, the response exists: whatever happens, it gets billed.
+            response = self._response(turn, status="in_progress", output=[])
+            await out.send(ev.ResponseCreated(response=response))
+            await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
             if request.generate:
                 generation = self._generation_request(turn, route, rendered, input_context)
@@ -144,6 +144,9 @@ class Pipeline:
         t3 = time.perf_counter()
         usage = self._usage(turn, route, rendered, out, engine_usage)
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
+        # Billed before anything below can be interrupted: a disconnect while the response is
+        # being stored must not lose its usage record.
+        self._bill(turn, route, usage, status)
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
             log = extend_with_output(route.renderer, rendered.log, out.output, finish.token_ids if finish else None)
@@ -168,7 +171,7 @@ class Pipeline:
             # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
             stored_input = (*context.items(), *items) if turn.reused_items else tuple(items)
             await self.store.put(
-                StoredResponse(turn.tenant, final, stored_input, request.instructions, bytes(request.tools) or b"[]")
+                StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw)
             )
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
@@ -178,7 +181,6 @@ class Pipeline:
             terminal = ev.ResponseIncomplete(response=final)
         else:
             terminal = ev.ResponseFailed(response=final)
-        self._bill(turn, route, usage, status)
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
