@@ -1,0 +1,111 @@
+"""Settings of ``responses-cache serve``, loaded in one place.
+
+Precedence, lowest first: defaults, a config file (``--config``, TOML or JSON), environment
+variables ``RESPONSES_CACHE_<FIELD>`` (``RESPONSES_CACHE_PORT=9000``; lists comma-separated, mappings
+as JSON), then command-line options. Every value is type-checked: a bad one is a
+:class:`SettingsError` that names the setting and where it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+ENV_PREFIX = "RESPONSES_CACHE_"
+
+
+class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    backend: str = "simulated"
+    #: Keyword options for the backend's factory (for the simulated engine: ``SimulatedConfig`` fields).
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    instant: bool = False
+    renderer: str = "harmony"
+    log_level: str = "warning"
+    prometheus: bool = False
+    billing_jsonl: str | None = None
+    billing_sqlite: str | None = None
+    billing_webhook: str | None = None
+    billing_spill: str | None = None
+    lifetime_s: float = 3600.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    process_cache_bytes: int = 4 * 1024**3
+    context_window: int = 131_072
+
+
+FIELDS = frozenset(ServeSettings.__struct_fields__)
+
+
+class SettingsError(ValueError):
+    """A setting has an unknown name or a value of the wrong type."""
+
+
+def load_settings(
+    *,
+    file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ServeSettings:
+    """Merge defaults < ``file`` < ``env`` < ``overrides`` (``None`` values are ignored)."""
+    merged: dict[str, Any] = {}
+    if file is not None:
+        merged.update(_from_file(Path(file)))
+    merged.update(_from_env(env or {}))
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return msgspec.convert(merged, ServeSettings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"invalid setting: {exc}") from None
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10
+                import tomli as tomllib
+            loaded: Any = tomllib.loads(data.decode())
+        else:
+            loaded = json.loads(data)
+    except ValueError as exc:
+        raise SettingsError(f"config file {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"config file {path} must hold a table/object of settings")
+    unknown = sorted(set(loaded) - FIELDS)
+    if unknown:
+        raise SettingsError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    return loaded
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "API_KEY":
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name not in FIELDS:
+            continue  # other RESPONSES_CACHE_* variables (e.g. the vocabulary directory)
+        if name == "api_keys":
+            out[name] = [k.strip() for k in raw.split(",") if k.strip()]
+        elif name == "backend_options":
+            try:
+                out[name] = json.loads(raw)
+            except ValueError:
+                raise SettingsError(f"{key} must be a JSON object") from None
+        else:
+            out[name] = raw
+    if env.get(ENV_PREFIX + "API_KEY"):  # a single key, the common case
+        out.setdefault("api_keys", []).append(env[ENV_PREFIX + "API_KEY"])
+    return out

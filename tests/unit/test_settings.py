@@ -1,0 +1,65 @@
+"""Serve settings: defaults < file < environment < command line, each value type-checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from responses_cache.cli import main
+from responses_cache.settings import ServeSettings, SettingsError, load_settings
+
+
+def test_precedence_file_env_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('port = 9001\nhost = "0.0.0.0"\napi_keys = ["sk-file"]\n[backend_options]\noutput_tokens_per_s = 50\n')
+    env = {"RESPONSES_CACHE_PORT": "9002", "RESPONSES_CACHE_INSTANT": "true", "OTHER": "x"}
+    settings = load_settings(file=config, env=env, overrides={"port": None, "renderer": "chatml"})
+    assert settings.port == 9002 and settings.host == "0.0.0.0" and settings.instant is True
+    assert settings.renderer == "chatml" and settings.api_keys == ["sk-file"]
+    assert settings.backend_options == {"output_tokens_per_s": 50}
+    assert load_settings(file=config, env=env, overrides={"port": 9003}).port == 9003
+    assert load_settings() == ServeSettings()
+
+
+def test_env_lists_and_json(tmp_path: Path) -> None:
+    env = {
+        "RESPONSES_CACHE_API_KEYS": "sk-a, sk-b",
+        "RESPONSES_CACHE_API_KEY": "sk-c",
+        "RESPONSES_CACHE_BACKEND_OPTIONS": '{"answer_tokens": 5}',
+        "RESPONSES_CACHE_VOCAB_DIR": "/somewhere",  # another component's variable: ignored here
+    }
+    settings = load_settings(env=env)
+    assert settings.api_keys == ["sk-a", "sk-b", "sk-c"] and settings.backend_options == {"answer_tokens": 5}
+    json_config = tmp_path / "serve.json"
+    json_config.write_text('{"lifetime_s": 120}')
+    assert load_settings(file=json_config).lifetime_s == 120.0
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        ("port = 'eighty'", ".toml", "port"),
+        ("prot = 80", ".toml", r"unknown setting\(s\) prot"),
+        ("port = ", ".toml", "not valid TOML"),
+        ("[1, 2]", ".json", "must hold a table"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path: Path, content: str, suffix: str, message: str) -> None:
+    path = tmp_path / f"serve{suffix}"
+    path.write_text(content)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(file=path)
+
+
+def test_bad_env_value() -> None:
+    with pytest.raises(SettingsError, match="port"):
+        load_settings(env={"RESPONSES_CACHE_PORT": "lots"})
+
+
+def test_serve_reports_bad_settings_and_unknown_backends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.toml"
+    assert main(["serve", "--config", str(missing)]) == 2
+    assert "cannot read config file" in capsys.readouterr().err
+    assert main(["serve", "--backend", "no-such-engine"]) == 2
+    assert "unknown backend 'no-such-engine'" in capsys.readouterr().err
