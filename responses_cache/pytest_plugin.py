@@ -6,12 +6,15 @@ or with ``pytest -p responses_cache.pytest_plugin``:
 * ``recording_backend``: a :class:`~responses_cache.testing.RecordingBackend` over an instant
   simulated engine;
 * ``scripted_backend``: a factory, ``scripted_backend([[TextDelta("hi"), Finish()], ...])``;
-* ``hook_checker``: a :class:`HookChecker` with ``check``/``assert_equivalent``/``run``.
+* ``hook_checker``: a :class:`HookChecker` with ``check``/``assert_equivalent``/``run``;
+* ``live_server_factory``: ``live_server_factory(app)`` or ``live_server_factory(**create_app
+  options)`` runs a server on a free loopback port for the test (instant simulated engine by
+  default) and stops it afterwards; ``live_server`` is one with the defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from .backends.base import BackendEvent
 from .pipeline.hooks import Hook
 from .protocol.items import Item
 from .testing import (
+    LiveServer,
     Mismatch,
     RecordingBackend,
     ScriptedBackend,
@@ -28,6 +32,7 @@ from .testing import (
     assert_incremental_equals_full,
     hook_equivalence,
     run_turns,
+    serve_in_thread,
 )
 
 
@@ -74,3 +79,30 @@ def scripted_backend() -> Callable[..., ScriptedBackend]:
 @pytest.fixture
 def hook_checker() -> HookChecker:
     return HookChecker()
+
+
+@pytest.fixture
+def live_server_factory() -> Iterator[Callable[..., LiveServer]]:
+    """``live_server_factory(app)`` or ``live_server_factory(**create_app_options)``: a running
+    server, stopped at teardown. The default engine is the instant simulated engine."""
+    from .app import create_app
+    from .backends.simulated import SimulatedConfig, SimulatedEngine
+
+    servers: list[LiveServer] = []
+
+    def factory(app: Any = None, **options: Any) -> LiveServer:
+        if app is None:
+            options.setdefault("backend", SimulatedEngine(SimulatedConfig(instant=True)))
+            app = create_app(**options)
+        server = serve_in_thread(app)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def live_server(live_server_factory: Callable[..., LiveServer]) -> LiveServer:
+    return live_server_factory()

@@ -15,11 +15,12 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize(
     "command",
     [
-        [str(BIN / "ruff"), "check", "responses_cache", "tests", "examples", "benchmarks"],
+        [str(BIN / "ruff"), "check", "responses_cache", "tests", "examples", "benchmarks", "adapters"],
         [str(BIN / "mypy"), "responses_cache"],
+        [str(BIN / "mypy"), "adapters/vllm/responses_cache_vllm"],
         [str(BIN / "lint-imports")],
     ],
-    ids=["ruff", "mypy", "import-linter"],
+    ids=["ruff", "mypy", "mypy-adapters", "import-linter"],
 )
 def test_tool_is_clean(command: list[str]) -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
