@@ -15,9 +15,16 @@ from starlette.routing import Route as HTTPRoute
 from .auth import Authenticator
 from .protocol import events as ev
 from .protocol.codec import encode
-from .protocol.errors import HTTPErrorBody, ResponsesError, invalid_request
+from .protocol.errors import (
+    HTTPErrorBody,
+    ResponsesError,
+    invalid_request,
+    previous_response_not_found,
+)
 from .protocol.request import decode_create
 from .service import ResponsesService
+from .state import ResponseState
+from .store import StoredResponse
 
 _DONE = object()
 
@@ -80,8 +87,6 @@ class HTTPApi:
             if body.previous_response_id is not None:
                 parent = await self.service.hydrate(tenant, body.previous_response_id)
                 if parent is None:
-                    from .protocol.errors import previous_response_not_found
-
                     raise previous_response_not_found(body.previous_response_id)
             route = self.service.router.resolve(turn.model, tenant)
         except ResponsesError as exc:
@@ -95,7 +100,7 @@ class HTTPApi:
             if body.stream:
                 await queue.put(event)
 
-        async def run() -> object:
+        async def run() -> ResponseState:
             try:
                 return await self.service.pipeline.run(turn, parent, route, emit)
             finally:
@@ -107,7 +112,7 @@ class HTTPApi:
                 state = await task
             except ResponsesError as exc:
                 return error_response(exc)
-            return json_response(state.response)  # type: ignore[attr-defined]
+            return json_response(state.response)
 
         first = await queue.get()
         if first is _DONE:  # failed before response.created: a plain JSON error
@@ -152,7 +157,7 @@ class HTTPApi:
             return error_response(exc)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
-    async def _stored(self, tenant: str, response_id: str):  # type: ignore[no-untyped-def]
+    async def _stored(self, tenant: str, response_id: str) -> StoredResponse:
         stored = await self.service.store.get(tenant, response_id) if self.service.store else None
         if stored is None:
             raise ResponsesError(

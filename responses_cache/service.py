@@ -39,8 +39,6 @@ class ResponsesService:
                 "conversation",
                 "unsupported_parameter",
             )
-        if request.conversation is not None and request.previous_response_id is not None:
-            raise invalid_request("Cannot combine 'conversation' and 'previous_response_id'.", "conversation")
         return Turn(
             request=request,
             items=decode_input(request.input),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import cProfile
 import io
 import json
-import os
 import pstats
 import resource
 import socket
@@ -177,10 +176,6 @@ def serve(spec: ServerSpec) -> None:
     if spec.tracemalloc:
         tracemalloc.start()
     app = build_app(spec)
-    if os.environ.get("RC_NOGC"):
-        import gc
-
-        gc.disable()
     # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on such sockets (else Nagle adds ~40 ms).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -193,7 +188,6 @@ def serve(spec: ServerSpec) -> None:
         backlog=4096,
         timeout_keep_alive=60,
         lifespan="on",
-        ws=os.environ.get("RC_WS_IMPL", "auto"),
     )
     server = uvicorn.Server(config)
     print(f"PORT {sock.getsockname()[1]}", flush=True)

@@ -364,7 +364,3 @@ class Pipeline:
             m.inc("render_incremental_total" if rendered.incremental else "render_full_total", labels)
         for stage, seconds in turn.timings.items():
             m.observe("stage_seconds", seconds, {**labels, "stage": stage})
-
-
-def conversation_of(state: ResponseState | None) -> Conversation:
-    return state.conversation if state else EMPTY
