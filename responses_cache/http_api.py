@@ -83,12 +83,15 @@ class HTTPApi:
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
+            route = self.service.router.resolve(turn.model, tenant)
             parent = None
             if body.previous_response_id is not None:
-                parent = await self.service.hydrate(tenant, body.previous_response_id)
-                if parent is None:
+                # The hot cache (O(new items) from here on), else the store: one round trip.
+                found = await self.service.resolve(tenant, body.previous_response_id, route)
+                if found is None:
                     raise previous_response_not_found(body.previous_response_id)
-            route = self.service.router.resolve(turn.model, tenant)
+                parent = found[0]
+                self.service.pipeline.metrics.inc(f"resolved_{found[1]}_total", {"transport": "http"})
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:
@@ -102,7 +105,7 @@ class HTTPApi:
 
         async def run() -> ResponseState:
             try:
-                return await self.service.pipeline.run(turn, parent, route, emit)
+                return await self.service.run(turn, parent, route, emit)
             finally:
                 await queue.put(_DONE)
 
@@ -152,6 +155,8 @@ class HTTPApi:
             response_id = request.path_params["response_id"]
             await self._stored(tenant, response_id)
             assert self.service.store is not None
+            if self.service.hot is not None:
+                self.service.hot.evict(tenant, response_id)
             await self.service.store.delete(tenant, response_id)
         except ResponsesError as exc:
             return error_response(exc)
