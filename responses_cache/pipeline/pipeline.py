@@ -179,9 +179,13 @@ class Pipeline:
                 if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
                     since = parent.token_log.num_items
                 snapshot = delta(log, since)
-            await self.store.put(
-                StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw, snapshot)
-            )
+            try:
+                await self.store.put(
+                    StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw, snapshot)
+                )
+            except Exception:  # the response is complete and billed: finish it, unstored
+                logger.exception("could not store %s", turn.response_id)
+                self.metrics.inc("store_errors_total", {"transport": turn.transport})
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
         if status == "completed":
