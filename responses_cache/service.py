@@ -124,7 +124,7 @@ class ResponsesService:
         last = chain[-1]
         tools = parse_tools(last.tools_json)
         log = fingerprint = None
-        if renderer is not None and last.snapshot is not None:
+        if renderer is not None and last.snapshot is not None and self.store.keeps_snapshots:
             fingerprint = renderer.fingerprint(last.instructions, tools)
             log = restore(renderer, fingerprint, [s.snapshot for s in chain])
             if log is not None and log.num_items != conversation.count:

@@ -30,8 +30,11 @@ class AgentLoop:
         api_key: str,
         instructions: str,
         tools: list[dict[str, Any]],
+        store: bool | None = None,
     ) -> None:
         self.mode = mode
+        #: ``store`` of every request (default: ``True`` for ``http_prev`` only).
+        self.store = mode == "http_prev" if store is None else store
         self.instructions = instructions
         self.tools = tools
         self.transcript: list[dict[str, Any]] = []
@@ -48,7 +51,7 @@ class AgentLoop:
             "tools": self.tools,
             "tool_choice": "auto",
             "parallel_tool_calls": True,
-            "store": self.mode == "http_prev",
+            "store": self.store,
         }
         if self.mode == "http_full":
             body["input"] = [*self.transcript, *new_items]
