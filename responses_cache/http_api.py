@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
 from starlette.responses import StreamingResponse
 from starlette.routing import Route as HTTPRoute
+from starlette.types import Receive, Scope, Send
 
 from .auth import Authenticator
 from .protocol import events as ev
@@ -125,21 +125,7 @@ class HTTPApi:
                 return error_response(exc)
             return error_response(ResponsesError("No events were produced.", status=500, type="server_error"))
 
-        async def sse() -> AsyncIterator[bytes]:
-            try:
-                item = first
-                while item is not _DONE:
-                    assert isinstance(item, ev.Event)
-                    yield b"event: " + _type_of(item) + b"\ndata: " + encode(item) + b"\n\n"
-                    item = await queue.get()
-                await task
-            finally:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        return _EventStream(first, queue, task)
 
     async def retrieve(self, request: Request) -> HTTPResponse:
         try:
@@ -177,6 +163,63 @@ class HTTPApi:
             return error_response(exc)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "responses-cache"} for m in self.service.router.models()]
         return json_response({"object": "list", "data": data})
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events straight from the turn's queue to the socket.
+
+    Starlette's ``StreamingResponse`` watches for a disconnect in an anyio task group per
+    request; this response does it with one plain task, and writes every event already queued
+    in one chunk. A disconnect cancels the turn (its usage is still billed by the pipeline)."""
+
+    def __init__(self, first: object, queue: asyncio.Queue[object], task: asyncio.Future[ResponseState]) -> None:
+        self.first, self.queue, self.task = first, queue, task
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "content-type": "text/event-stream; charset=utf-8"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task, queue = self.task, self.queue
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            item = self.first
+            while item is not _DONE:
+                chunk = [_frame(item)]
+                while not queue.empty():
+                    item = queue.get_nowait()
+                    if item is _DONE:
+                        break
+                    chunk.append(_frame(item))
+                else:
+                    await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+                    item = await queue.get()
+                    continue
+                await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+            if not task.cancelled():
+                await task
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Future[ResponseState]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return
+
+
+def _frame(item: object) -> bytes:
+    assert isinstance(item, ev.Event)
+    return b"event: " + _type_of(item) + b"\ndata: " + encode(item) + b"\n\n"
 
 
 _TYPE_CACHE: dict[type, bytes] = {}

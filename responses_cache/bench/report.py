@@ -59,7 +59,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         r = tiers["summary"]["http_prev_over_ws_at_target"]
         out.append(
             _target(
-                "HTTP previous_response_id / WS <= 1.5x at 100k tokens (same process)",
+                "HTTP previous_response_id / WS <= 1.5x at 100k tokens (same process, lean client)",
                 r,
                 "x",
                 not math.isnan(r) and r <= HTTP_PREV_OVER_WS,
@@ -269,7 +269,8 @@ def render_text(results: dict[str, Any]) -> str:
                     [label, row["n"], row["first_p50_ms"], row["first_p90_ms"], row["completed_p50_ms"]]
                     for label, row in (
                         ("one process: WebSocket", same["ws"]),
-                        ("one process: HTTP previous_response_id", same["http_prev"]),
+                        ("one process: HTTP previous_response_id (lean client)", same["http_prev_lean"]),
+                        ("one process: HTTP previous_response_id (httpx)", same["http_prev"]),
                         ("Redis: same connection", many["connection"]),
                         ("Redis: hot cache (HTTP, same process)", many["hot"]),
                         ("Redis: other process, snapshot", many["snapshot"]),
@@ -279,8 +280,9 @@ def render_text(results: dict[str, Any]) -> str:
             )
         )
         parts.append(
-            f"  HTTP previous_response_id / WebSocket: {same['http_prev_over_ws']:.2f}x to the first event, "
-            f"{same['http_prev_over_ws_completed']:.2f}x to completed; "
+            f"  HTTP previous_response_id / WebSocket: {same['http_prev_lean_over_ws']:.2f}x to the first event, "
+            f"{same['http_prev_lean_over_ws_completed']:.2f}x to completed (httpx client: "
+            f"{same['http_prev_over_ws']:.2f}x, {same['http_prev_over_ws_completed']:.2f}x); "
             f"full render / snapshot after a reconnect: {many['full_over_snapshot']:.2f}x"
         )
     checks = results.get("targets")

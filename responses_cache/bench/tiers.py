@@ -4,9 +4,11 @@ state is found.
 * **Same process** (the in-process store, as ``serve`` runs by default): HTTP with
   ``previous_response_id`` against WebSocket mode on one server, interleaved turn by turn — the
   HTTP continuation finds its state in the process-wide hot cache and appends to its token log.
+  HTTP is measured twice: with httpx (as the ``overhead`` scenario) and with a lean socket client,
+  whose figure is the server's own share (httpx adds about a millisecond per streamed turn).
 * **Many processes** (three servers sharing one Redis): a ``store: true`` WebSocket conversation
   grows on server A; from its latest response, each sample continues
-  ``connection`` (A, same WebSocket), ``hot`` (A, over HTTP), ``snapshot`` (B, a new WebSocket
+  ``connection`` (A, same WebSocket), ``hot`` (A, over HTTP, lean client), ``snapshot`` (B, a new WebSocket
   after a reconnect: the chain and token-log snapshot in one round trip, the log extended) and
   ``full`` (C, snapshots off: the chain from the store, the conversation rendered in full).
 
@@ -24,7 +26,6 @@ from typing import Any
 
 from .agent import AgentLoop, Mode
 from .overhead import TASK, OverheadOptions, spec_for
-from .overhead import _conversation as interleaved
 from .redisproc import RedisProcess
 from .server import ServerProcess
 from .stats import p50, percentile, ratio
@@ -59,7 +60,7 @@ def _overhead_options(opts: TiersOptions) -> OverheadOptions:
 
 def estimated_turns(opts: TiersOptions) -> int:
     build = math.ceil(opts.target_tokens / opts.tokens_per_turn) + 1
-    return 2 * (build + opts.samples) + build + len(TIERS) * opts.samples
+    return len(SAME) * (build + opts.samples) + build + len(TIERS) * opts.samples
 
 
 def run(opts: TiersOptions, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
@@ -71,27 +72,59 @@ def run(opts: TiersOptions, tick: Callable[[int], None] = lambda n: None) -> dic
         "same_process": same,
         "many_processes": many,
         "summary": {
-            "http_prev_over_ws_at_target": same["http_prev_over_ws"],
+            "http_prev_over_ws_at_target": same["http_prev_lean_over_ws"],
+            "http_prev_httpx_over_ws_at_target": same["http_prev_over_ws"],
             "full_over_snapshot": many["full_over_snapshot"],
             "history_tokens": many["history_tokens"],
         },
     }
 
 
+#: The same-process modes: WebSocket, and HTTP ``previous_response_id`` measured with httpx (as
+#: the ``overhead`` scenario does) and with the lean socket client (the server's share).
+SAME = ("ws", "http_prev", "http_prev_lean")
+
+
 def _same_process(opts: TiersOptions, tick: Callable[[int], None]) -> dict[str, Any]:
     ov = _overhead_options(opts)
-    modes: tuple[Mode, ...] = ("http_prev", "ws")
-    with ServerProcess(spec_for(ov)) as server:
-        interleaved(server, ov, rep=-1, modes=modes, turns=ov.warmup_turns)
-        samples = interleaved(server, ov, rep=0, modes=modes, tick=tick)
+    spec = dataclasses.replace(spec_for(ov), api_keys={f"sk-{m}": f"tenant-{m}" for m in SAME})
+    instructions = prose_text(opts.instructions_tokens, seed=7)
+    samples: dict[str, list[tuple[int, float, float]]] = {m: [] for m in SAME}
+    with ServerProcess(spec) as server:
+        loops = {
+            m: AgentLoop(
+                "ws" if m == "ws" else "http_prev", http_url=server.http_url, ws_url=server.ws_url,
+                api_key=f"sk-{m}", instructions=instructions, tools=tools(), lean_http=m == "http_prev_lean",
+            )
+            for m in SAME
+        }
+        try:
+            last = {m: loop.send([user_message(TASK)]) for m, loop in loops.items()}
+            turn = 0
+            while min(len(v) for v in samples.values()) < opts.samples:
+                turn += 1
+                text = code_text(opts.tokens_per_turn, seed=turn)
+                for m in SAME[turn % 3 :] + SAME[: turn % 3]:  # rotate who goes first
+                    loop = loops[m]
+                    items = [tool_output(last[m].call_id() or "", text)]
+                    history = loop.history_tokens
+                    wire = loop.encode(items)
+                    time.sleep(opts.pause_ms / 1e3)
+                    last[m] = loop.send(items, wire)
+                    if history >= opts.target_tokens:
+                        samples[m].append((history, last[m].first_event_s * 1e3, last[m].completed_s * 1e3))
+                    tick(1)
+        finally:
+            for loop in loops.values():
+                loop.close()
         counters = server.get("/_bench/stats")["counters"]
     out: dict[str, Any] = {}
-    for mode in modes:
-        picked = [s for s in samples if s["mode"] == mode and s["history_tokens"] >= opts.target_tokens]
-        out[mode] = _stats([s["first_event_ms"] for s in picked], [s["completed_ms"] for s in picked])
-        out[mode]["history_tokens_min"] = min((s["history_tokens"] for s in picked), default=0)
-    out["http_prev_over_ws"] = ratio(out["http_prev"]["first_p50_ms"], out["ws"]["first_p50_ms"])
-    out["http_prev_over_ws_completed"] = ratio(out["http_prev"]["completed_p50_ms"], out["ws"]["completed_p50_ms"])
+    for m in SAME:
+        out[m] = _stats([f for _, f, _ in samples[m]], [c for _, _, c in samples[m]])
+        out[m]["history_tokens_min"] = min((h for h, _, _ in samples[m]), default=0)
+    for m in ("http_prev", "http_prev_lean"):
+        out[f"{m}_over_ws"] = ratio(out[m]["first_p50_ms"], out["ws"]["first_p50_ms"])
+        out[f"{m}_over_ws_completed"] = ratio(out[m]["completed_p50_ms"], out["ws"]["completed_p50_ms"])
     out["resolved"] = {k: v for k, v in counters.items() if k.startswith("resolved_")}
     return out
 
@@ -108,7 +141,7 @@ def _many_processes(opts: TiersOptions, url: str, tick: Callable[[int], None]) -
         def loop(mode: Mode, server: ServerProcess) -> AgentLoop:
             return AgentLoop(
                 mode, http_url=server.http_url, ws_url=server.ws_url, api_key=KEY,
-                instructions=instructions, tools=tools(), store=True,
+                instructions=instructions, tools=tools(), store=True, lean_http=True,
             )
 
         main = loop("ws", a)
