@@ -100,7 +100,9 @@ return 1
 
 
 class RedisResponseStore:
-    """``RedisResponseStore("redis://127.0.0.1:6379/0")``; close it with :meth:`aclose`."""
+    """``RedisResponseStore("redis://127.0.0.1:6379/0")`` (or ``client=`` an existing
+    ``redis.asyncio.Redis``); close it with :meth:`aclose`. ``snapshots=False`` neither writes
+    nor reads token-log snapshots."""
 
     def __init__(
         self,
@@ -114,6 +116,8 @@ class RedisResponseStore:
         max_snapshot_bytes: int = 8 * 1024 * 1024,
         max_chain: int = MAX_CHAIN,
     ) -> None:
+        #: A client handed in stays its owner's to close; one made here is closed by :meth:`aclose`.
+        self._owns_client = client is None
         if client is None:
             if _redis is None:
                 raise ImportError("RedisResponseStore needs the redis extra: pip install 'responses-cache[redis]'")
@@ -177,7 +181,8 @@ class RedisResponseStore:
         return bool(await self._call(self._client.delete, self._tenant_prefix(tenant) + response_id))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._owns_client:
+            await self._client.aclose()
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         self.round_trips += 1

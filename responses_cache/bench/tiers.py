@@ -126,6 +126,7 @@ def _same_process(opts: TiersOptions, tick: Callable[[int], None]) -> dict[str, 
         out[f"{m}_over_ws"] = ratio(out[m]["first_p50_ms"], out["ws"]["first_p50_ms"])
         out[f"{m}_over_ws_completed"] = ratio(out[m]["completed_p50_ms"], out["ws"]["completed_p50_ms"])
     out["resolved"] = {k: v for k, v in counters.items() if k.startswith("resolved_")}
+    out["samples"] = {m: [list(x) for x in samples[m]] for m in SAME}
     return out
 
 
@@ -190,6 +191,7 @@ def _many_processes(opts: TiersOptions, url: str, tick: Callable[[int], None]) -
     out["history_tokens"] = history
     out["full_over_snapshot"] = ratio(out["full"]["first_p50_ms"], out["snapshot"]["first_p50_ms"])
     out["resolved"] = resolved
+    out["samples"] = {t: [list(x) for x in times[t]] for t in TIERS}
     return out
 
 

@@ -68,7 +68,9 @@ async def test_round_trip_and_one_command_per_chain(redis_url: str) -> None:
     before = CountingConnection.sent
     await store.put(_stored("alice", "r51", "r50"))  # the write refreshes the chain's expiry too
     assert CountingConnection.sent - before == 1
-    await store.aclose()
+    await store.aclose()  # a client handed in stays open: its owner closes it
+    assert await store._client.ping()
+    await store._client.aclose()
     assert chain is not None and [s.id for s in chain] == [f"r{k}" for k in range(1, 51)]
     assert [s.input_items[0].content for s in chain[1:]] == [f"turn {k}" for k in range(2, 51)]  # type: ignore[union-attr]
 
