@@ -147,3 +147,41 @@ def test_hot_cache_is_tenant_scoped_bounded_and_expires() -> None:
     assert hot.get("alice", "huge") is None and len(hot) == 3  # larger than the budget: skipped
     now[0] = 11
     assert hot.get("alice", "r5") is None  # no longer than the store keeps it
+
+
+def test_a_reconnect_to_the_same_process_is_hot(live_server_factory: Any) -> None:
+    """A ``store: true`` WebSocket conversation, continued on a new connection to the same
+    process, and over HTTP there: both find the state hot and append."""
+    import json
+
+    from websockets.sync.client import connect
+
+    server = live_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
+    app = server.app
+    stats = _renderer(app).stats
+
+    def turn(ws: Any, text: str, previous: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": "response.create", "model": MODEL, "input": text, "store": True}
+        if previous:
+            body["previous_response_id"] = previous
+        ws.send(json.dumps(body))
+        for _ in range(10_000):
+            event = json.loads(ws.recv(timeout=30))
+            if event["type"] in ("response.completed", "error"):
+                assert event["type"] == "response.completed", event
+                response: dict[str, Any] = event["response"]
+                return response
+        raise AssertionError("no terminal event")
+
+    with connect(server.ws_url) as ws:
+        previous = None
+        for k in range(6):
+            previous = turn(ws, f"turn {k}: " + "words " * 40, previous)["id"]
+    before = stats.items_rendered + stats.items_sampled
+    with connect(server.ws_url) as ws:
+        response = turn(ws, "after a reconnect", previous)
+    assert stats.items_rendered + stats.items_sampled - before == 1 + len(response["output"])
+    assert app.state.service.hot_hits == 1 and app.state.service.hydrations == 0
+    reply = httpx.post(f"{server.http_url}/responses", json={"model": MODEL, "input": "and over HTTP", "previous_response_id": response["id"]}, timeout=30)
+    assert reply.status_code == 200
+    assert app.state.service.hot_hits == 2 and app.state.service.hydrations == 0
