@@ -136,8 +136,10 @@ class RedisResponseStore:
         #: Records not stored (over ``max_record_bytes``) and snapshots left out.
         self.oversized_records = 0
         self.oversized_snapshots = 0
-        #: Round trips made (one per call), for the counting tests.
+        #: Round trips made (one per call).
         self.round_trips = 0
+        #: Records or snapshots that could not be decoded (treated as missing).
+        self.unreadable = 0
 
     def _tenant_prefix(self, tenant: str) -> str:
         return f"{self.prefix}{{{tenant.encode().hex()}}}:"
@@ -171,7 +173,12 @@ class RedisResponseStore:
         raw = await self._call(self._get_chain, [self._tenant_prefix(tenant), self.max_chain, response_id])
         if not raw:
             return None
-        chain = [self._decode(tenant, raw[i], raw[i + 1]) for i in range(len(raw) - 2, -1, -2)]
+        chain: list[StoredResponse] = []
+        for i in range(len(raw) - 2, -1, -2):
+            stored = self._decode(tenant, raw[i], raw[i + 1])
+            if stored is None:
+                return None
+            chain.append(stored)
         return chain
 
     async def contains(self, tenant: str, response_id: str) -> bool:
@@ -194,11 +201,20 @@ class RedisResponseStore:
             logger.exception("the Redis store failed")
             raise StoreUnavailable() from None
 
-    @staticmethod
-    def _decode(tenant: str, data: bytes, snapshot: bytes) -> StoredResponse:
-        record = _record.decode(data)
+    def _decode(self, tenant: str, data: bytes, snapshot: bytes) -> StoredResponse | None:
+        """A stored record, or ``None`` when it cannot be read (written by an incompatible
+        version, or damaged): as good as missing. An unreadable snapshot is left out."""
+        try:
+            record = _record.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.unreadable += 1
+            logger.error("an unreadable record in the Redis store (tenant %r)", tenant)
+            return None
+        delta = None
+        if snapshot:
+            try:
+                delta = _delta.decode(snapshot)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.unreadable += 1
         response = msgspec.structs.replace(record.response, tools=msgspec.Raw(record.tools))
-        return StoredResponse(
-            tenant, response, tuple(record.input_items), record.instructions, record.tools,
-            _delta.decode(snapshot) if snapshot else None,
-        )
+        return StoredResponse(tenant, response, tuple(record.input_items), record.instructions, record.tools, delta)

@@ -161,3 +161,22 @@ async def test_an_unreachable_store_is_an_error_envelope_never_a_500() -> None:
         assert reply.status_code == 200 and reply.json()["status"] == "completed"
         assert app.state.metrics.total("store_errors_total") == 1
     await store.aclose()
+
+
+async def test_an_unreadable_record_is_missing_and_an_unreadable_snapshot_left_out(store: RedisResponseStore, redis_url: str) -> None:
+    snap = LogDelta(b"fp", 0, (), b"")
+    await store.put(_stored("t", "r1", None, "x", snap))
+    await store.put(_stored("t", "r2", "r1", "y", snap))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (key2,) = list(client.scan_iter(match="*:r2"))
+        client.hset(key2, "s", b"\xc1 not msgpack")
+        chain = await store.get_chain("t", "r2")
+        assert chain is not None and chain[0].snapshot == snap and chain[1].snapshot is None
+        (key1,) = list(client.scan_iter(match="*:r1"))
+        client.hset(key1, "d", b"\x93garbage")
+        assert await store.get_chain("t", "r2") is None
+        assert await store.get("t", "r1") is None
+        assert store.unreadable == 3
+    finally:
+        client.close()
