@@ -59,15 +59,17 @@ def _start(tmp: Path, name: str, store: str) -> Process:
         port = int(probe.getsockname()[1])
     record = tmp / f"{name}.jsonl"
     env = {**os.environ, "RECORD_PATH": str(record)}
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "serve", "--port", str(port), "--store", store,
-         "--api-key", ALICE, "--api-key", BOB, "--instant", "--prometheus"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    log = tmp / f"{name}.log"
+    with log.open("wb") as err:  # a file, not a pipe: a chatty server never blocks on it
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "serve", "--port", str(port), "--store", store,
+             "--api-key", ALICE, "--api-key", BOB, "--instant", "--prometheus"],
+            env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise RuntimeError(f"serve exited: {log.read_text()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(ALICE), timeout=1).status_code == 200:
                 return Process(port, record, proc)
@@ -94,8 +96,6 @@ def pair(tmp_path: Path, redis_url: str) -> Iterator[tuple[Process, Process]]:
             except subprocess.TimeoutExpired:
                 p.proc.kill()
                 p.proc.wait()
-            if p.proc.stderr is not None:
-                p.proc.stderr.close()
 
 
 def _auth(key: str) -> dict[str, str]:
