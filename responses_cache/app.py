@@ -14,6 +14,7 @@ from starlette.routing import Route as HTTPRoute
 from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
+from .hot import HotCache
 from .http_api import HTTPApi
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
@@ -42,8 +43,15 @@ class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
     max_body_bytes: int = 16 * 1024 * 1024
-    #: Cap on the sum of all WebSocket connections' caches (least recently used give way).
+    #: The process's cache memory budget: the hot cache and all WebSocket connections' caches
+    #: together (least recently used give way). ``None``: per-connection caps only.
     process_cache_bytes: int | None = 4 * 1024**3
+    #: The process-wide hot cache's share of that budget (``None``: half of it, or 1 GiB without
+    #: a process budget; ``0``: no hot cache). The connection caches get the rest.
+    hot_cache_bytes: int | None = None
+    #: Close ``store`` when the app shuts down (set by whoever hands over a store it created for
+    #: the app, as ``serve`` does; a store the app creates itself is always its own).
+    own_store: bool = False
     context_window: int = 131_072
 
 
@@ -57,6 +65,17 @@ def default_router(backend: Backend, renderer: str | None, context_window: int) 
     return StaticRouter({m: route for m in backend.models()}, default=route)
 
 
+def split_budget(process_bytes: int | None, hot_bytes: int | None) -> tuple[int, int | None]:
+    """(hot cache bytes, connection caches' bytes) out of the process budget."""
+    if hot_bytes is None:
+        hot_bytes = process_bytes // 2 if process_bytes else 1024**3
+    if process_bytes is None:
+        return hot_bytes, None
+    if hot_bytes >= process_bytes:
+        raise ValueError("hot_cache_bytes must be less than process_cache_bytes")
+    return hot_bytes, process_bytes - hot_bytes
+
+
 def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
     """Build the ASGI app. ``create_app()`` serves the simulated engine with defaults; keyword
     options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``)."""
@@ -68,12 +87,15 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
     backend = cfg.backend or SimulatedEngine()
     router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window)
     store = cfg.store if cfg.store is not None else MemoryResponseStore()
+    owns_store = cfg.own_store or cfg.store is None
+    hot_bytes, connection_bytes = split_budget(cfg.process_cache_bytes, cfg.hot_cache_bytes)
+    hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
     metrics = cfg.metrics or InMemoryMetrics()
     authenticator = cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll())
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics
     )
-    service = ResponsesService(router, pipeline, store)
+    service = ResponsesService(router, pipeline, store, hot=hot)
     api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes)
     billing = cfg.billing
 
@@ -88,6 +110,8 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
             stop = getattr(billing, "stop", None)
             if stop is not None:
                 await stop()
+            if owns_store:
+                await store.aclose()
 
     routes = api.routes()
     if isinstance(metrics, PrometheusMetrics):
@@ -105,7 +129,7 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
         config=cfg.session,
         max_message_bytes=cfg.max_body_bytes,
         metrics=metrics,
-        process_cache_bytes=cfg.process_cache_bytes,
+        process_cache_bytes=connection_bytes,
     )
     app.state.service = service
     app.state.metrics = metrics

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .billing import Biller
     from .settings import ServeSettings
+    from .store import ResponseStore
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -37,7 +38,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         backend = load_backend(settings.backend, **options)
         billing = _biller(settings)
-    except (LookupError, TypeError, ValueError) as exc:
+        store = _store(settings)
+    except (LookupError, TypeError, ValueError, ImportError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
     metrics = None
@@ -54,13 +56,28 @@ def _serve(args: argparse.Namespace) -> int:
         session=SessionConfig(lifetime_s=settings.lifetime_s),
         max_body_bytes=settings.max_body_bytes,
         process_cache_bytes=settings.process_cache_bytes,
+        hot_cache_bytes=settings.hot_cache_bytes,
         context_window=settings.context_window,
+        store=store,
+        own_store=True,
     )
     app = create_app(config)
     host, port = settings.host, settings.port
     print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=settings.log_level, ws_max_size=settings.max_body_bytes)
     return 0
+
+
+def _store(settings: ServeSettings) -> ResponseStore | None:
+    """``None`` for the default in-process store, else the shared store the URL names."""
+    url = settings.store
+    if url in ("", "memory"):
+        return None
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from .redis_store import RedisResponseStore
+
+        return RedisResponseStore(url, ttl_s=settings.store_ttl_s, snapshots=settings.store_snapshots)
+    raise ValueError(f"unsupported store {url!r}: use 'memory' or redis://HOST:PORT/DB")
 
 
 def _biller(settings: ServeSettings) -> Biller | None:
@@ -85,7 +102,8 @@ def _biller(settings: ServeSettings) -> Biller | None:
 #: Settings that have a command-line option of the same name.
 _OPTIONS = (
     "backend", "host", "port", "instant", "renderer", "log_level", "prometheus",
-    "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_spill", "lifetime_s",
+    "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_spill", "lifetime_s", "store",
+    "hot_cache_bytes",
 )
 
 
@@ -109,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--billing-spill", metavar="PATH", help="write-ahead spill file for records the sink cannot take yet (replayed at start)"
     )
+    serve.add_argument(
+        "--store", metavar="URL", help="memory (default: this process only) or redis://HOST:PORT/DB (shared; redis extra)"
+    )
+    serve.add_argument("--hot-cache-bytes", type=int, help="the process-wide hot cache's share of the cache budget")
     serve.set_defaults(func=_serve)
     sub.add_parser("bench", help="benchmark the server over loopback (`responses-cache bench --help`)", add_help=False)
     arguments = list(sys.argv[1:] if argv is None else argv)

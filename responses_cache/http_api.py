@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
 from starlette.responses import StreamingResponse
 from starlette.routing import Route as HTTPRoute
+from starlette.types import Receive, Scope, Send
 
 from .auth import Authenticator
 from .protocol import events as ev
@@ -83,12 +83,15 @@ class HTTPApi:
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
+            route = self.service.router.resolve(turn.model, tenant)
             parent = None
             if body.previous_response_id is not None:
-                parent = await self.service.hydrate(tenant, body.previous_response_id)
-                if parent is None:
+                # The hot cache (O(new items) from here on), else the store: one round trip.
+                found = await self.service.resolve(tenant, body.previous_response_id, route)
+                if found is None:
                     raise previous_response_not_found(body.previous_response_id)
-            route = self.service.router.resolve(turn.model, tenant)
+                parent = found[0]
+                self.service.pipeline.metrics.inc(f"resolved_{found[1]}_total", {"transport": "http"})
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:
@@ -102,7 +105,7 @@ class HTTPApi:
 
         async def run() -> ResponseState:
             try:
-                return await self.service.pipeline.run(turn, parent, route, emit)
+                return await self.service.run(turn, parent, route, emit)
             finally:
                 await queue.put(_DONE)
 
@@ -122,21 +125,7 @@ class HTTPApi:
                 return error_response(exc)
             return error_response(ResponsesError("No events were produced.", status=500, type="server_error"))
 
-        async def sse() -> AsyncIterator[bytes]:
-            try:
-                item = first
-                while item is not _DONE:
-                    assert isinstance(item, ev.Event)
-                    yield b"event: " + _type_of(item) + b"\ndata: " + encode(item) + b"\n\n"
-                    item = await queue.get()
-                await task
-            finally:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        return _EventStream(first, queue, task)
 
     async def retrieve(self, request: Request) -> HTTPResponse:
         try:
@@ -152,6 +141,8 @@ class HTTPApi:
             response_id = request.path_params["response_id"]
             await self._stored(tenant, response_id)
             assert self.service.store is not None
+            if self.service.hot is not None:
+                self.service.hot.evict(tenant, response_id)
             await self.service.store.delete(tenant, response_id)
         except ResponsesError as exc:
             return error_response(exc)
@@ -172,6 +163,63 @@ class HTTPApi:
             return error_response(exc)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "responses-cache"} for m in self.service.router.models()]
         return json_response({"object": "list", "data": data})
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events straight from the turn's queue to the socket.
+
+    Starlette's ``StreamingResponse`` watches for a disconnect in an anyio task group per
+    request; this response does it with one plain task, and writes every event already queued
+    in one chunk. A disconnect cancels the turn (its usage is still billed by the pipeline)."""
+
+    def __init__(self, first: object, queue: asyncio.Queue[object], task: asyncio.Future[ResponseState]) -> None:
+        self.first, self.queue, self.task = first, queue, task
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "content-type": "text/event-stream; charset=utf-8"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task, queue = self.task, self.queue
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            item = self.first
+            while item is not _DONE:
+                chunk = [_frame(item)]
+                while not queue.empty():
+                    item = queue.get_nowait()
+                    if item is _DONE:
+                        break
+                    chunk.append(_frame(item))
+                else:
+                    await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+                    item = await queue.get()
+                    continue
+                await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+            if not task.cancelled():
+                await task
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Future[ResponseState]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return
+
+
+def _frame(item: object) -> bytes:
+    assert isinstance(item, ev.Event)
+    return b"event: " + _type_of(item) + b"\ndata: " + encode(item) + b"\n\n"
 
 
 _TYPE_CACHE: dict[type, bytes] = {}

@@ -1,27 +1,51 @@
 """What the HTTP routes and the WebSocket session share: turning a request into a :class:`Turn`,
-and resolving ``previous_response_id`` from the durable store (hydration)."""
+running it, and resolving ``previous_response_id`` beyond the connection cache.
+
+Resolution goes down the tiers and stops at the first that has the state:
+
+1. the connection cache (WebSocket only, in :class:`~responses_cache.session.Session`);
+2. the process-wide :class:`~responses_cache.hot.HotCache` (HTTP and WebSocket; the token log
+   is kept, so the next render appends);
+3. the durable store, one round trip for the whole chain, with the token-log snapshot when the
+   store keeps one and its fingerprint matches (the next render appends);
+4. the store without a usable snapshot: the next render is a full one.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
+import msgspec
 from starlette.types import ASGIApp
 
 from .conversation import EMPTY
+from .hot import HotCache
 from .ids import new_id
+from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
 from .pipeline.turn import Transport, Turn
 from .protocol.errors import invalid_request
 from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
-from .routing import Router
+from .routing import Route, Router
 from .state import ResponseState, open_calls_after
-from .store import ResponseStore, load_chain
+from .store import ResponseStore
+from .tokens.base import Renderer
+from .tokens.snapshot import restore
+
+Tier = Literal["hot", "snapshot", "store"]
 
 
 class ResponsesService:
     def __init__(
-        self, router: Router, pipeline: Pipeline, store: ResponseStore | None, *, delegate_misses: bool = False
+        self,
+        router: Router,
+        pipeline: Pipeline,
+        store: ResponseStore | None,
+        *,
+        delegate_misses: bool = False,
+        hot: HotCache | None = None,
     ) -> None:
         self.router = router
         self.pipeline = pipeline
@@ -29,7 +53,13 @@ class ResponsesService:
         #: Hand an unknown ``previous_response_id`` (``store: true``) to the backend instead of
         #: hydrating it here: the bridge's wrapped app keeps its own store.
         self.delegate_misses = delegate_misses
+        self.hot = hot
+        #: Continuations resolved from the hot cache.
+        self.hot_hits = 0
+        #: Continuations rebuilt from the store (with or without a snapshot).
         self.hydrations = 0
+        #: Of those, the ones whose token log came back from the snapshot (no full render).
+        self.snapshot_restores = 0
 
     def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
         """Decode a request's input and tools (new items only) and give the turn its id."""
@@ -50,11 +80,38 @@ class ResponsesService:
             created_at=time.time(),
         )
 
-    async def hydrate(self, tenant: str, response_id: str) -> ResponseState | None:
-        """Rebuild a state from the durable store (no token log: the next render is a full one)."""
+    async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
+        """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""
+        state = await self.pipeline.run(turn, parent, route, emit)
+        if self.hot is not None and self.store is not None and not self.delegate_misses:
+            self.hot.put(state)
+        return state
+
+    async def resolve(self, tenant: str, response_id: str, route: Route | None) -> tuple[ResponseState, Tier] | None:
+        """A stored response's state from the hot cache or the store (``None``: not found).
+
+        A hot entry is confirmed with the store, so a response deleted or expired there (by any
+        process) is not continued from here either."""
         if self.store is None:
             return None
-        chain = await load_chain(self.store, tenant, response_id)
+        if self.hot is not None:
+            state = self.hot.get(tenant, response_id)
+            if state is not None:
+                if await self.store.contains(tenant, response_id):
+                    self.hot_hits += 1
+                    return state, "hot"
+                self.hot.evict(tenant, response_id)
+                return None
+        return await self.hydrate(tenant, response_id, route.renderer if route is not None else None)
+
+    async def hydrate(
+        self, tenant: str, response_id: str, renderer: Renderer | None = None
+    ) -> tuple[ResponseState, Tier] | None:
+        """Rebuild a state from the durable store: the chain in one lookup, and the token log
+        from its snapshot when ``renderer`` still renders it the same way."""
+        if self.store is None:
+            return None
+        chain = await self.store.get_chain(tenant, response_id)
         if chain is None:
             return None
         self.hydrations += 1
@@ -65,19 +122,32 @@ class ResponsesService:
             conversation = conversation.extend(own)
             open_calls = open_calls_after(open_calls, own)
         last = chain[-1]
-        return ResponseState(
+        tools = parse_tools(last.tools_json)
+        log = fingerprint = None
+        if renderer is not None and last.snapshot is not None and self.store.keeps_snapshots:
+            fingerprint = renderer.fingerprint(last.instructions, tools)
+            log = restore(renderer, fingerprint, [s.snapshot for s in chain])
+            if log is not None and log.num_items != conversation.count:
+                log = None  # the snapshot does not cover the stored items: render in full
+        if log is None:
+            fingerprint = None
+        else:
+            self.snapshot_restores += 1
+        state = ResponseState(
             response=last.response,
             tenant=tenant,
             lane=None,
             conversation=conversation,
             instructions=last.instructions,
-            tools=parse_tools(last.tools_json),
-            fingerprint=None,
-            token_log=None,
+            tools=tools,
+            fingerprint=fingerprint,
+            token_log=log,
             route=None,
             open_calls=open_calls,
             conversation_key=chain[0].response.prompt_cache_key or chain[0].id,
+            total_bytes=sum(len(msgspec.json.encode(i)) for s in chain for i in (*s.input_items, *s.response.output)),
         )
+        return state, ("snapshot" if log is not None else "store")
 
 
 def bridge_service(app: ASGIApp) -> ResponsesService:

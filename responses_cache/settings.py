@@ -37,6 +37,15 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lifetime_s: float = 3600.0
     max_body_bytes: int = 16 * 1024 * 1024
     process_cache_bytes: int = 4 * 1024**3
+    #: The process-wide hot cache's share of ``process_cache_bytes`` (default half; 0: none).
+    hot_cache_bytes: int | None = None
+    #: Where ``store: true`` responses go: ``memory`` (this process only) or
+    #: ``redis://HOST:PORT/DB`` (shared by every process; the redis extra).
+    store: str = "memory"
+    #: How long a stored conversation lives after its latest turn (Redis store).
+    store_ttl_s: float = 30 * 24 * 3600.0
+    #: Keep token-log snapshots in the store, so another process appends instead of re-rendering.
+    store_snapshots: bool = True
     context_window: int = 131_072
 
 

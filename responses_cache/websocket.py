@@ -272,6 +272,7 @@ class _Connection:
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
         parent = session.resolve(pending)
+        route = self.routes.get(turn.model)
         wanted = pending.request.previous_response_id
         if wanted is not None:
             metrics.inc("incremental_sends_total", labels)
@@ -282,7 +283,11 @@ class _Connection:
                 if pending.request.store and service.delegate_misses:
                     turn.delegated_parent = wanted
                 elif pending.request.store:
-                    parent = await service.hydrate(session.tenant, wanted)
+                    # The process-wide hot cache, then the store (and its token-log snapshot).
+                    found = await service.resolve(session.tenant, wanted, route)
+                    if found is not None:
+                        parent = found[0]
+                        metrics.inc(f"resolved_{found[1]}_total", labels)
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
@@ -294,5 +299,4 @@ class _Connection:
                 turn.items = turn.items[reused:]
                 turn.reused_items = reused
                 metrics.inc("full_input_reuse_total", labels)
-        route = self.routes.get(turn.model)
-        return await service.pipeline.run(turn, parent, route, self._send)
+        return await service.run(turn, parent, route, self._send)

@@ -5,7 +5,10 @@ Three scenarios, each against a fresh server subprocess on the embedded simulate
 * ``overhead`` — per-turn API overhead vs history length, HTTP full resend vs HTTP
   ``previous_response_id`` vs WebSocket mode (:mod:`.overhead`);
 * ``rollout`` — a 30-tool-call agent rollout end to end vs the engine's floor (:mod:`.rollout`);
-* ``scale`` — 1,000 concurrent WebSocket connections with 16k-token contexts (:mod:`.scale`).
+* ``scale`` — 1,000 concurrent WebSocket connections with 16k-token contexts (:mod:`.scale`);
+* ``tiers`` — at about 100k tokens: HTTP ``previous_response_id`` against WebSocket on one process,
+  and a continuation on another process (shared Redis) from the token-log snapshot against a
+  full render (:mod:`.tiers`; starts a private ``redis-server``).
 
 Writes a table to the terminal and ``results.json`` plus ``overhead.png`` to ``--out``.
 """
@@ -22,10 +25,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import overhead, rollout, scale
+from . import overhead, rollout, scale, tiers
 from .report import plot_overhead, render_text, targets, write_json
 
-SCENARIOS = ("overhead", "rollout", "scale")
+SCENARIOS = ("overhead", "rollout", "scale", "tiers")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="scale: report the server's top allocation sites (slower)",
     )
+    g = p.add_argument_group("tiers")
+    g.add_argument("--tiers-target-tokens", type=int, help="history at which the tiers are measured (100000)")
+    g.add_argument("--tiers-samples", type=int, help="measured turns per mode and tier (10)")
     return p
 
 
@@ -126,7 +132,13 @@ def options(
         tracemalloc=args.tracemalloc,
         profile_dir=profile_dir,
     )
-    return {"overhead": ov, "rollout": ro, "scale": sc}
+    ti = tiers.TiersOptions(
+        target_tokens=_pick(args.tiers_target_tokens, 100_000),
+        tokens_per_turn=_pick(args.tokens_per_turn, 2_000),
+        samples=_pick(args.tiers_samples, 5 if q else 10),
+        renderer=renderer,
+    )
+    return {"overhead": ov, "rollout": ro, "scale": sc, "tiers": ti}
 
 
 def _bar(enabled: bool, total: int, desc: str) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -156,6 +168,10 @@ def run_scenarios(names: Sequence[str], opts: dict[str, Any], progress: bool) ->
             ro: rollout.RolloutOptions = opts[name]
             tick, close = _bar(progress, rollout.turns_per_rollout(ro) * 3 * ro.repeats, "rollout")
             results[name] = rollout.run(ro, tick)
+        elif name == "tiers":
+            ti: tiers.TiersOptions = opts[name]
+            tick, close = _bar(progress, tiers.estimated_turns(ti), "tiers")
+            results[name] = tiers.run(ti, tick)
         else:
             sc: scale.ScaleOptions = opts[name]
             tick, close = _bar(progress, scale.steps(sc), "scale")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .clients import HTTPClient, TurnResult, WSClient, http_body, ws_frame
+from .clients import HTTPClient, SocketHTTPClient, TurnResult, WSClient, http_body, ws_frame
 from .workload import CHARS_PER_TOKEN
 
 Mode = Literal["http_full", "http_prev", "ws"]
@@ -30,8 +30,12 @@ class AgentLoop:
         api_key: str,
         instructions: str,
         tools: list[dict[str, Any]],
+        store: bool | None = None,
+        lean_http: bool = False,
     ) -> None:
         self.mode = mode
+        #: ``store`` of every request (default: ``True`` for ``http_prev`` only).
+        self.store = mode == "http_prev" if store is None else store
         self.instructions = instructions
         self.tools = tools
         self.transcript: list[dict[str, Any]] = []
@@ -39,7 +43,10 @@ class AgentLoop:
         self.history_chars = len(instructions)
         self.history_tokens = 0
         self._ws = WSClient(ws_url, api_key) if mode == "ws" else None
-        self._http = HTTPClient(http_url, api_key) if mode != "ws" else None
+        #: ``lean_http``: the hand-parsed socket client instead of httpx (see SocketHTTPClient).
+        self._http: HTTPClient | SocketHTTPClient | None = None
+        if mode != "ws":
+            self._http = SocketHTTPClient(http_url, api_key) if lean_http else HTTPClient(http_url, api_key)
 
     def body(self, new_items: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -48,7 +55,7 @@ class AgentLoop:
             "tools": self.tools,
             "tool_choice": "auto",
             "parallel_tool_calls": True,
-            "store": self.mode == "http_prev",
+            "store": self.store,
         }
         if self.mode == "http_full":
             body["input"] = [*self.transcript, *new_items]

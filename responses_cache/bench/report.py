@@ -15,6 +15,7 @@ WS_P50_MS = 1.0
 FULL_OVER_WS_AT_100K = 50.0
 ROLLOUT_OVER_FLOOR = 0.05
 SCALE_BYTES_PER_TOKEN = 8.0
+HTTP_PREV_OVER_WS = 1.5
 
 _BIN_TOKENS = 8_000  # plot: one median point per 8k tokens of history
 
@@ -51,6 +52,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 over * 100,
                 "%",
                 over <= ROLLOUT_OVER_FLOOR,
+            )
+        )
+    tiers = results.get("tiers")
+    if tiers:
+        r = tiers["summary"]["http_prev_over_ws_at_target"]
+        out.append(
+            _target(
+                "HTTP previous_response_id / WS <= 1.5x at 100k tokens (same process, lean client)",
+                r,
+                "x",
+                not math.isnan(r) and r <= HTTP_PREV_OVER_WS,
             )
         )
     scale = results.get("scale")
@@ -243,6 +255,36 @@ def render_text(results: dict[str, Any]) -> str:
                     f"    {s['bytes'] / tokens:7.2f} B/token  {s['count']:>7}  {s['site']}"
                     for s in sites[:8]
                 )
+    tiers = results.get("tiers")
+    if tiers:
+        same, many = tiers["same_process"], tiers["many_processes"]
+        parts.append(
+            f"\nState tiers (one process: history >= {tiers['options']['target_tokens']} tokens; "
+            f"many processes over one Redis: {many['history_tokens']} tokens)"
+        )
+        parts.append(
+            table(
+                ["where the state is", "n", "first p50 ms", "first p90 ms", "completed p50 ms"],
+                [
+                    [label, row["n"], row["first_p50_ms"], row["first_p90_ms"], row["completed_p50_ms"]]
+                    for label, row in (
+                        ("one process: WebSocket", same["ws"]),
+                        ("one process: HTTP previous_response_id (lean client)", same["http_prev_lean"]),
+                        ("one process: HTTP previous_response_id (httpx)", same["http_prev"]),
+                        ("Redis: same connection", many["connection"]),
+                        ("Redis: hot cache (HTTP, same process)", many["hot"]),
+                        ("Redis: other process, snapshot", many["snapshot"]),
+                        ("Redis: other process, full render", many["full"]),
+                    )
+                ],
+            )
+        )
+        parts.append(
+            f"  HTTP previous_response_id / WebSocket: {same['http_prev_lean_over_ws']:.2f}x to the first event, "
+            f"{same['http_prev_lean_over_ws_completed']:.2f}x to completed (httpx client: "
+            f"{same['http_prev_over_ws']:.2f}x, {same['http_prev_over_ws_completed']:.2f}x); "
+            f"full render / snapshot after a reconnect: {many['full_over_snapshot']:.2f}x"
+        )
     checks = results.get("targets")
     if checks:
         parts.append("\nTargets")

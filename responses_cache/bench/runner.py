@@ -45,6 +45,9 @@ class ServerSpec:
     api_keys: dict[str, str] | None = None
     context_window: int = 131_072
     tracemalloc: bool = False
+    #: ``redis://...`` for a shared store (``None``: the in-process memory store).
+    store: str | None = None
+    store_snapshots: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -67,12 +70,19 @@ def build_app(spec: ServerSpec) -> Any:
             scenario=Scenario(**spec.scenario) if spec.scenario is not None else None,
         )
     )
+    store = None
+    if spec.store is not None:
+        from ..redis_store import RedisResponseStore
+
+        store = RedisResponseStore(spec.store, snapshots=spec.store_snapshots)
     app = create_app(
         ServerConfig(
             backend=engine,
             renderer=spec.renderer,
             api_keys=spec.api_keys,
             context_window=spec.context_window,
+            store=store,
+            own_store=True,
         )
     )
     app.router.routes.extend(_Debug(engine, app.state.metrics).routes())

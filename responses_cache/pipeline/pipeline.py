@@ -28,6 +28,7 @@ from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, 
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
+from ..tokens.snapshot import delta
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner
 from .render import Rendered, extend_with_output, render
@@ -170,9 +171,21 @@ class Pipeline:
             # A full-input request matched against the cache has no previous_response_id: store the
             # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
             stored_input = (*context.items(), *items) if turn.reused_items else tuple(items)
-            await self.store.put(
-                StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw)
-            )
+            snapshot = None
+            if log is not None and rendered is not None and self.store.keeps_snapshots:
+                # The segments this turn added; a root (header and every item) when the log was
+                # rendered from scratch or this response starts its own stored chain.
+                since = None
+                if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
+                    since = parent.token_log.num_items
+                snapshot = delta(log, since)
+            try:
+                await self.store.put(
+                    StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw, snapshot)
+                )
+            except Exception:  # the response is complete and billed: finish it, unstored
+                logger.exception("could not store %s", turn.response_id)
+                self.metrics.inc("store_errors_total", {"transport": turn.transport})
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
         if status == "completed":

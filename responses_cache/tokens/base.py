@@ -168,6 +168,12 @@ class BaseRenderer(ABC):
         return self._name
 
     @property
+    def key(self) -> bytes:
+        """A digest of template, template version, encoding and options (logs are extendable
+        only by a renderer with the same key)."""
+        return self._key
+
+    @property
     def stats(self) -> RenderStats:
         """Counters of work done by this renderer instance."""
         return self._stats

@@ -18,6 +18,7 @@ TINY = [
     "--target-tokens", "3000", "--tokens-per-turn", "1000", "--repeats", "1",
     "--tool-calls", "2", "--rollout-repeats", "1", "--output-tps", "100000", "--prefill-tps", "10000000",
     "--connections", "3", "--context-tokens", "400", "--scale-turns", "2",
+    "--tiers-target-tokens", "2000", "--tiers-samples", "1",
 ]  # fmt: skip
 
 
@@ -66,7 +67,7 @@ def test_scale_shape(results: tuple[dict[str, Any], Path]) -> None:
 
 def test_targets_listed(results: tuple[dict[str, Any], Path]) -> None:
     targets = results[0]["targets"]
-    assert len(targets) == 6  # five targets, plus the scale test's RSS growth for context
+    assert len(targets) == 7  # six targets, plus the scale test's RSS growth for context
     assert all({"target", "measured", "met"} <= t.keys() for t in targets)
     assert [t["met"] is None for t in targets].count(True) == 1
 
@@ -76,3 +77,16 @@ def test_helpers() -> None:
         bucket_of(0) == "<8k" and bucket_of(99_999) == "64k-100k" and bucket_of(100_000) == ">=100k"
     )
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+
+
+def test_tiers_shape(results: tuple[dict[str, Any], Path]) -> None:
+    tiers = results[0]["tiers"]
+    same, many = tiers["same_process"], tiers["many_processes"]
+    assert all(same[m]["n"] >= 1 for m in ("ws", "http_prev", "http_prev_lean"))
+    assert all(many[t]["n"] == 1 for t in ("connection", "hot", "snapshot", "full"))
+    # each tier was really taken: A's HTTP fork hot, B's reconnect from the snapshot, C in full
+    assert many["resolved"]["a"] == {"resolved_hot_total{transport=http}": 1.0}
+    assert many["resolved"]["b"] == {"resolved_snapshot_total{transport=websocket}": 1.0}
+    assert many["resolved"]["c"] == {"resolved_store_total{transport=websocket}": 1.0}
+    assert same["resolved"]["resolved_hot_total{transport=http}"] >= 2
+    assert "http_prev_over_ws_at_target" in tiers["summary"]

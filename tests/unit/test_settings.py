@@ -63,3 +63,15 @@ def test_serve_reports_bad_settings_and_unknown_backends(tmp_path: Path, capsys:
     assert "cannot read config file" in capsys.readouterr().err
     assert main(["serve", "--backend", "no-such-engine"]) == 2
     assert "unknown backend 'no-such-engine'" in capsys.readouterr().err
+
+
+def test_store_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from responses_cache.cli import _store
+    from responses_cache.redis_store import RedisResponseStore
+
+    assert _store(load_settings()) is None  # memory: the app's own in-process store
+    env = {"RESPONSES_CACHE_STORE": "redis://127.0.0.1:1/3", "RESPONSES_CACHE_STORE_TTL_S": "60"}
+    store = _store(load_settings(env=env, overrides={"store_snapshots": False}))
+    assert isinstance(store, RedisResponseStore) and store.ttl_s == 60 and not store.keeps_snapshots
+    assert main(["serve", "--store", "postgres://db"]) == 2
+    assert "unsupported store 'postgres://db'" in capsys.readouterr().err

@@ -352,7 +352,7 @@ async def test_unknown_previous_response_with_store_false(serve: Any) -> None:
 async def test_store_true_hydrates_on_a_new_connection(serve: Any, backend: RecordingBackend) -> None:
     """Item 16: a persisted (``store: true``) id that is not in the new connection's cache still
     continues, with the whole stored context."""
-    server = serve()
+    server = serve(hot_cache_bytes=0)  # the store tier: no process-wide hot cache
     tools = [function_tool()]
     async with ws_connect(server.ws_url) as ws:
         first = await ws.ok(input="start", tools=tools, metadata={"call": "run", "args": '{"step": 1}', "call_id": "c1"})
@@ -439,7 +439,7 @@ async def test_instructions_and_tools_are_not_inherited(serve: Any, backend: Rec
 async def test_generate_false_warm_up(serve: Any, backend: RecordingBackend) -> None:
     """Item 21: ``generate: false`` returns created → in_progress → completed with empty output and
     no model run; the id chains right away, and (``store: true``) several turns later."""
-    server = serve()
+    server = serve(hot_cache_bytes=0)  # the store tier: no process-wide hot cache
     tools = [function_tool()]
     async with ws_connect(server.ws_url) as ws:
         events = await ws.turn(input="context", instructions="Be terse.", tools=tools, generate=False)

@@ -120,7 +120,7 @@ async def test_forks_see_the_shared_prefix_plus_their_own_turns(serve: Any, back
 async def test_after_eviction_hydration_and_full_resend_are_faithful(serve: Any, backend: RecordingBackend) -> None:
     """A tiny cache budget evicts lanes: a ``store: true`` continuation hydrates and a ``store:
     false`` client resends everything; both give the backend the same conversation."""
-    server = serve(session=SessionConfig(max_cached_items=6))
+    server = serve(session=SessionConfig(max_cached_items=6), hot_cache_bytes=0)
     async with ws_connect(server.ws_url) as ws:
         agent = Agent(ws, backend)
         kept, _ = await agent.turn([user("stored lane")], stream_id="s", call="call_s")
@@ -188,7 +188,7 @@ async def test_full_input_clients_reuse_the_cache(serve: Any, backend: Recording
 async def test_full_input_reuse_is_stored_whole(serve: Any, backend: RecordingBackend) -> None:
     """A ``store: true`` response that reused the cache for a full-input request is persisted with
     its whole input, so continuing it after a reconnect (hydration) sees the whole conversation."""
-    server = serve()
+    server = serve(hot_cache_bytes=0)  # the store tier: no process-wide hot cache
     async with ws_connect(server.ws_url) as ws:
         agent = Agent(ws, backend)
         first, _ = await agent.turn([user("step one")])
@@ -204,7 +204,7 @@ async def test_full_input_reuse_is_stored_whole(serve: Any, backend: RecordingBa
 
 async def test_reconnect_with_store_true_hydrates_faithfully(serve: Any, backend: RecordingBackend) -> None:
     """A store:true tool loop, interrupted by a reconnect, continues with exactly the same context."""
-    server = serve()
+    server = serve(hot_cache_bytes=0)  # the store tier: no process-wide hot cache
     async with ws_connect(server.ws_url) as ws:
         agent = Agent(ws, backend)
         response, _ = await agent.turn([user("start")], call="call_0")

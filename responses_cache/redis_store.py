@@ -1,0 +1,220 @@
+"""``RedisResponseStore``: a :class:`~responses_cache.store.ResponseStore` that many processes
+share (Redis or Valkey, through the ``redis`` asyncio client: ``pip install
+'responses-cache[redis]'``).
+
+Layout: one hash per response, ``{prefix}{<tenant, hex>}:{response_id}``, with its parent's id
+(``p``), the record (``d``: the Response, its turn's input items, instructions and tools, as
+MessagePack) and, optionally, the token-log delta of its turn (``s``). The tenant is part of every
+key, so one tenant can never name another's response; the ``{…}`` hash tag keeps a tenant's keys
+in one Redis Cluster slot.
+
+* **One round trip per hydration**: a server-side script walks the parent ids and returns every
+  link's record (and snapshot) at once; writing a response refreshes the expiry of its whole
+  chain in the same way, so a conversation lives ``ttl_s`` after its latest turn.
+* **Limits**: a record over ``max_record_bytes`` is not stored (logged and counted; continuing
+  it gives ``previous_response_not_found``), a snapshot over ``max_snapshot_bytes`` is left out
+  (continuations from it render in full), a chain longer than ``max_chain`` is not hydrated.
+* Store failures surface as :class:`StoreUnavailable` (HTTP 503 / a WebSocket ``error`` event).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from .protocol.errors import ResponsesError
+from .protocol.items import Item
+from .protocol.response import Response
+from .store import MAX_CHAIN, StoredResponse
+from .tokens.snapshot import LogDelta
+
+logger = logging.getLogger("responses_cache.redis_store")
+
+try:
+    import redis.asyncio as _redis
+    from redis.exceptions import RedisError
+except ImportError:  # pragma: no cover - the extra is not installed
+    _redis = None  # type: ignore[assignment]
+    RedisError = OSError  # type: ignore[assignment,misc]
+
+
+class StoreUnavailable(ResponsesError):
+    def __init__(self) -> None:
+        super().__init__(
+            "The response store is unavailable; try again.", status=503, type="server_error", code="store_unavailable"
+        )
+
+
+class _Record(msgspec.Struct, array_like=True):
+    response: Response
+    input_items: list[Item]
+    instructions: str | None
+    tools: bytes
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_record = msgspec.msgpack.Decoder(_Record)
+_delta = msgspec.msgpack.Decoder(LogDelta)
+
+# KEYS: none (a tenant's keys are derived from ARGV[1], one hash-tagged prefix).
+# ARGV: prefix, max links, response id.  Returns {record, snapshot, record, snapshot, ...}
+# newest first, or an empty table when a link is missing or the chain is too long.
+_GET_CHAIN = """
+local prefix, limit, id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out, n = {}, 0
+while id ~= '' do
+  if n >= limit then return {} end
+  local v = redis.call('HMGET', prefix .. id, 'p', 'd', 's')
+  if not v[2] then return {} end
+  out[2 * n + 1] = v[2]
+  out[2 * n + 2] = v[3] or ''
+  n = n + 1
+  id = v[1] or ''
+end
+return out
+"""
+
+# ARGV: prefix, max links, ttl ms, id, parent id ('' for none), record, snapshot ('' for none).
+# Writes the response and pushes the expiry of its ancestors out to the same ttl.
+_PUT = """
+local prefix, limit, ttl, id, parent = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local key = prefix .. id
+redis.call('DEL', key)
+if ARGV[7] ~= '' then
+  redis.call('HSET', key, 'p', parent, 'd', ARGV[6], 's', ARGV[7])
+else
+  redis.call('HSET', key, 'p', parent, 'd', ARGV[6])
+end
+redis.call('PEXPIRE', key, ttl)
+local n = 0
+while parent ~= '' and n < limit do
+  local k = prefix .. parent
+  if redis.call('PEXPIRE', k, ttl) == 0 then break end
+  parent = redis.call('HGET', k, 'p') or ''
+  n = n + 1
+end
+return 1
+"""
+
+
+class RedisResponseStore:
+    """``RedisResponseStore("redis://127.0.0.1:6379/0")`` (or ``client=`` an existing
+    ``redis.asyncio.Redis``); close it with :meth:`aclose`. ``snapshots=False`` neither writes
+    nor reads token-log snapshots."""
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        client: Any = None,
+        prefix: str = "rc:",
+        ttl_s: float = 30 * 24 * 3600.0,
+        snapshots: bool = True,
+        max_record_bytes: int = 8 * 1024 * 1024,
+        max_snapshot_bytes: int = 8 * 1024 * 1024,
+        max_chain: int = MAX_CHAIN,
+    ) -> None:
+        #: A client handed in stays its owner's to close; one made here is closed by :meth:`aclose`.
+        self._owns_client = client is None
+        if client is None:
+            if _redis is None:
+                raise ImportError("RedisResponseStore needs the redis extra: pip install 'responses-cache[redis]'")
+            client = _redis.from_url(url)
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        self._client = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.keeps_snapshots = snapshots
+        self.max_record_bytes = max_record_bytes
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.max_chain = max_chain
+        self._get_chain = client.register_script(_GET_CHAIN)
+        self._put = client.register_script(_PUT)
+        #: Records not stored (over ``max_record_bytes``) and snapshots left out.
+        self.oversized_records = 0
+        self.oversized_snapshots = 0
+        #: Round trips made (one per call).
+        self.round_trips = 0
+        #: Records or snapshots that could not be decoded (treated as missing).
+        self.unreadable = 0
+
+    def _tenant_prefix(self, tenant: str) -> str:
+        return f"{self.prefix}{{{tenant.encode().hex()}}}:"
+
+    async def put(self, stored: StoredResponse) -> None:
+        response = msgspec.structs.replace(stored.response, tools=[])  # tools travel once, as bytes
+        data = _encode(_Record(response, list(stored.input_items), stored.instructions, stored.tools_json))
+        if len(data) > self.max_record_bytes:
+            self.oversized_records += 1
+            logger.warning("response %s not stored: %d bytes > max_record_bytes", stored.id, len(data))
+            return
+        snapshot = b""
+        if self.keeps_snapshots and stored.snapshot is not None:
+            snapshot = _encode(stored.snapshot)
+            if len(snapshot) > self.max_snapshot_bytes:
+                self.oversized_snapshots += 1
+                snapshot = b""
+        args = [
+            self._tenant_prefix(stored.tenant), self.max_chain, int(self.ttl_s * 1000),
+            stored.id, stored.previous_response_id or "", data, snapshot,
+        ]
+        await self._call(self._put, args)
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        raw = await self._call(self._client.hmget, self._tenant_prefix(tenant) + response_id, "d", "s")
+        if raw[0] is None:
+            return None
+        return self._decode(tenant, raw[0], raw[1] or b"")
+
+    async def get_chain(self, tenant: str, response_id: str) -> list[StoredResponse] | None:
+        raw = await self._call(self._get_chain, [self._tenant_prefix(tenant), self.max_chain, response_id])
+        if not raw:
+            return None
+        chain: list[StoredResponse] = []
+        for i in range(len(raw) - 2, -1, -2):
+            stored = self._decode(tenant, raw[i], raw[i + 1])
+            if stored is None:
+                return None
+            chain.append(stored)
+        return chain
+
+    async def contains(self, tenant: str, response_id: str) -> bool:
+        return bool(await self._call(self._client.exists, self._tenant_prefix(tenant) + response_id))
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return bool(await self._call(self._client.delete, self._tenant_prefix(tenant) + response_id))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        self.round_trips += 1
+        try:
+            if fn is self._put or fn is self._get_chain:
+                return await fn(keys=[], args=args[0])
+            return await fn(*args)
+        except RedisError:
+            logger.exception("the Redis store failed")
+            raise StoreUnavailable() from None
+
+    def _decode(self, tenant: str, data: bytes, snapshot: bytes) -> StoredResponse | None:
+        """A stored record, or ``None`` when it cannot be read (written by an incompatible
+        version, or damaged): as good as missing. An unreadable snapshot is left out."""
+        try:
+            record = _record.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.unreadable += 1
+            logger.error("an unreadable record in the Redis store (tenant %r)", tenant)
+            return None
+        delta = None
+        if snapshot:
+            try:
+                delta = _delta.decode(snapshot)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.unreadable += 1
+        response = msgspec.structs.replace(record.response, tools=msgspec.Raw(record.tools))
+        return StoredResponse(tenant, response, tuple(record.input_items), record.instructions, record.tools, delta)

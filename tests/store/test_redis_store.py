@@ -1,0 +1,182 @@
+"""``RedisResponseStore`` against a real server: encoding, one round trip per chain, tenant-scoped
+keys, expiry along the chain, size limits, and failures as the OpenAI error envelope."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import msgspec
+import pytest
+import redis
+import redis.asyncio
+
+from responses_cache import create_app
+from responses_cache.protocol.items import FunctionCall, Message
+from responses_cache.protocol.response import Response, Usage
+from responses_cache.redis_store import RedisResponseStore, StoreUnavailable
+from responses_cache.store import StoredResponse
+from responses_cache.tokens.snapshot import LogDelta, Segment
+
+TOOLS = b'[{"type":"function","name":"f","parameters":{"type":"object"}}]'
+
+
+def _stored(tenant: str, rid: str, parent: str | None, text: str = "hi", snapshot: LogDelta | None = None) -> StoredResponse:
+    response = Response(
+        id=rid, created_at=1, status="completed", model="sim-1",
+        output=[Message(role="assistant", content=text), FunctionCall(call_id="c1", name="f", arguments="{}")],
+        tools=msgspec.Raw(TOOLS), tool_choice="auto", parallel_tool_calls=True, previous_response_id=parent,
+        usage=Usage.of(10, 2, 3), metadata={"k": "v"},
+    )
+    return StoredResponse(tenant, response, (Message(role="user", content=text),), "be brief", TOOLS, snapshot)
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[RedisResponseStore]:
+    s = RedisResponseStore(redis_url)
+    yield s
+    await s.aclose()
+
+
+class CountingConnection(redis.asyncio.Connection):
+    """Counts the requests written to the server (one per round trip; a pipeline counts once)."""
+
+    sent = 0
+
+    async def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        CountingConnection.sent += 1
+        await super().send_packed_command(command, check_health)  # type: ignore[arg-type]
+
+
+async def test_round_trip_and_one_command_per_chain(redis_url: str) -> None:
+    pool = redis.asyncio.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    store = RedisResponseStore(client=redis.asyncio.Redis(connection_pool=pool))
+    snap = LogDelta(b"fp", 0, (Segment(b"\x01\x00\x00\x00", 2, (-1, -1, False), "c1", "functions.f"),), b"\x02\x00\x00\x00")
+    await store.put(_stored("alice", "r1", None, "one", snap))
+    for k in range(2, 51):
+        await store.put(_stored("alice", f"r{k}", f"r{k - 1}", f"turn {k}"))
+    got = await store.get("alice", "r1")
+    assert got is not None
+    assert msgspec.json.encode(got.response) == msgspec.json.encode(_stored("alice", "r1", None, "one").response)
+    assert got.input_items == (Message(role="user", content="one"),)
+    assert got.instructions == "be brief" and got.tools_json == TOOLS and got.snapshot == snap
+    await store.get_chain("alice", "r50")  # loads the script once
+    before = CountingConnection.sent
+    chain = await store.get_chain("alice", "r50")
+    assert CountingConnection.sent - before == 1  # 50 links, one request
+    before = CountingConnection.sent
+    await store.put(_stored("alice", "r51", "r50"))  # the write refreshes the chain's expiry too
+    assert CountingConnection.sent - before == 1
+    await store.aclose()  # a client handed in stays open: its owner closes it
+    assert await store._client.ping()
+    await store._client.aclose()
+    assert chain is not None and [s.id for s in chain] == [f"r{k}" for k in range(1, 51)]
+    assert [s.input_items[0].content for s in chain[1:]] == [f"turn {k}" for k in range(2, 51)]  # type: ignore[union-attr]
+
+
+async def test_tenants_are_isolated(store: RedisResponseStore) -> None:
+    await store.put(_stored("alice", "r1", None))
+    assert await store.get("bob", "r1") is None
+    assert await store.get_chain("bob", "r1") is None
+    assert not await store.contains("bob", "r1")
+    assert not await store.delete("bob", "r1")
+    assert await store.contains("alice", "r1")
+    # A tenant name that looks like another's key prefix cannot reach it either.
+    await store.put(_stored("a", "x:r1", None))
+    assert await store.get("a:x", "r1") is None
+
+
+async def test_a_missing_link_or_a_long_chain_is_not_found(store: RedisResponseStore, redis_url: str) -> None:
+    for k in range(1, 6):
+        await store.put(_stored("t", f"r{k}", f"r{k - 1}" if k > 1 else None))
+    assert await store.delete("t", "r3")
+    assert await store.get_chain("t", "r5") is None
+    assert await store.get_chain("t", "r2") is not None
+    short = RedisResponseStore(redis_url, max_chain=2)
+    try:
+        assert await short.get_chain("t", "r2") is not None
+        await short.put(_stored("t", "s1", None))
+        await short.put(_stored("t", "s2", "s1"))
+        await short.put(_stored("t", "s3", "s2"))
+        assert await short.get_chain("t", "s3") is None
+    finally:
+        await short.aclose()
+
+
+async def test_writing_a_child_pushes_the_chain_expiry_out(redis_url: str) -> None:
+    store = RedisResponseStore(redis_url, ttl_s=600)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        await store.put(_stored("t", "r1", None))
+        await store.put(_stored("t", "r2", "r1"))
+        (key1,) = list(client.scan_iter(match="*:r1"))
+        client.pexpire(key1, 5_000)
+        await store.put(_stored("t", "r3", "r2"))
+        assert client.pttl(key1) > 500_000  # refreshed with the new turn
+        client.pexpire(key1, 1)
+        for _ in range(10_000):
+            if not client.exists(key1):
+                break
+        assert await store.get_chain("t", "r3") is None  # an expired link: the chain is gone
+    finally:
+        client.close()
+        await store.aclose()
+
+
+async def test_size_limits(redis_url: str) -> None:
+    snap = LogDelta(b"fp", 0, (Segment(b"\x00" * 4000, 0, (-1, -1, False)),), b"")
+    store = RedisResponseStore(redis_url, max_record_bytes=2_000, max_snapshot_bytes=1_000)
+    try:
+        await store.put(_stored("t", "small", None, "x", snap))
+        got = await store.get("t", "small")
+        assert got is not None and got.snapshot is None  # the snapshot was left out
+        assert store.oversized_snapshots == 1
+        await store.put(_stored("t", "big", None, "x" * 5_000))
+        assert await store.get("t", "big") is None  # over the record limit: not stored
+        assert store.oversized_records == 1
+    finally:
+        await store.aclose()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_an_unreachable_store_is_an_error_envelope_never_a_500() -> None:
+    store = RedisResponseStore(f"redis://127.0.0.1:{_closed_port()}/0")
+    with pytest.raises(StoreUnavailable):
+        await store.get_chain("t", "r1")
+    app = create_app(store=store)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        body = {"model": "sim-1", "input": "hi", "previous_response_id": "resp_1"}
+        reply = await client.post("/v1/responses", json=body)
+        assert reply.status_code == 503
+        assert reply.json()["error"]["code"] == "store_unavailable"
+        # A new conversation still completes; the failed write is logged and counted.
+        reply = await client.post("/v1/responses", json={"model": "sim-1", "input": "hi"})
+        assert reply.status_code == 200 and reply.json()["status"] == "completed"
+        assert app.state.metrics.total("store_errors_total") == 1
+    await store.aclose()
+
+
+async def test_an_unreadable_record_is_missing_and_an_unreadable_snapshot_left_out(store: RedisResponseStore, redis_url: str) -> None:
+    snap = LogDelta(b"fp", 0, (), b"")
+    await store.put(_stored("t", "r1", None, "x", snap))
+    await store.put(_stored("t", "r2", "r1", "y", snap))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (key2,) = list(client.scan_iter(match="*:r2"))
+        client.hset(key2, "s", b"\xc1 not msgpack")
+        chain = await store.get_chain("t", "r2")
+        assert chain is not None and chain[0].snapshot == snap and chain[1].snapshot is None
+        (key1,) = list(client.scan_iter(match="*:r1"))
+        client.hset(key1, "d", b"\x93garbage")
+        assert await store.get_chain("t", "r2") is None
+        assert await store.get("t", "r1") is None
+        assert store.unreadable == 3
+    finally:
+        client.close()
