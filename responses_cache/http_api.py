@@ -88,6 +88,7 @@ class HTTPApi:
                 parent = await self.service.hydrate(tenant, body.previous_response_id)
                 if parent is None:
                     raise previous_response_not_found(body.previous_response_id)
+            await self.service.resolve_references(turn, parent)
             route = self.service.router.resolve(turn.model, tenant)
         except ResponsesError as exc:
             return error_response(exc)

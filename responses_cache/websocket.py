@@ -286,7 +286,8 @@ class _Connection:
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
-        else:
+        await service.resolve_references(turn, parent, session.items)
+        if wanted is None:
             metrics.inc("full_sends_total", labels)
             match = session.match_full_input(pending, turn.items, turn.tools.fingerprint)
             if match is not None:
@@ -295,4 +296,9 @@ class _Connection:
                 turn.reused_items = reused
                 metrics.inc("full_input_reuse_total", labels)
         route = self.routes.get(turn.model)
-        return await service.pipeline.run(turn, parent, route, self._send)
+        new_items = turn.items
+        state = await service.pipeline.run(turn, parent, route, self._send)
+        if state.response.status != "failed":
+            # What this turn added becomes referenceable on the connection (``item_reference``).
+            session.items.add(session.tenant, (*new_items, *state.response.output))
+        return state

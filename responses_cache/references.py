@@ -1,0 +1,119 @@
+"""``item_reference`` input items: finding the item an id refers to.
+
+A client may send ``{"type": "item_reference", "id": "msg_…"}`` instead of an item it already
+sent or received (the Vercel AI SDK does so for earlier output when ``store`` is true). Before a
+turn runs, every reference is replaced by the item itself, so validation, rendering, storage and
+the backend see exactly what a request carrying the item in full would give them. Lookups, in
+order, all scoped to the request's tenant:
+
+1. the earlier items of the same ``input``;
+2. the connection's items (WebSocket only, ``store`` true or false): :class:`ItemIndex` of the
+   session;
+3. the process's index of stored items, which points at the stored response holding the item
+   (so a deleted or evicted response's items are no longer found);
+4. the conversation of the parent (``previous_response_id``), newest first — O(history), only
+   when the indexes miss (after a restart, or for items indexed long ago).
+
+Both indexes are bounded LRU maps. A reference that cannot be resolved is a 400
+(``item_not_found``, ``param: input[i].id``), except where the backend keeps its own store (the
+bridge), which receives it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from cachetools import LRUCache
+
+from .protocol.errors import ResponsesError, invalid_request
+from .protocol.items import Item, ItemReference
+from .state import ResponseState
+from .store import ResponseStore
+
+
+class ItemIndex:
+    """A bounded map from item id to what is needed to find the item again.
+
+    The connection's index holds the items themselves (they are shared with the cached states,
+    so an entry costs little); the process's index holds the id of the stored response that
+    holds each item, so the store stays the source of truth.
+    """
+
+    def __init__(self, max_items: int) -> None:
+        self._items: LRUCache[tuple[str, str], Item | str] = LRUCache(maxsize=max(1, max_items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, tenant: str, items: Iterable[Item], response_id: str | None = None) -> None:
+        """Index every item that has an id: the item itself, or ``response_id`` when given."""
+        for item in items:
+            item_id = getattr(item, "id", None)
+            if item_id and not isinstance(item, ItemReference):
+                self._items[(tenant, item_id)] = response_id if response_id is not None else item
+
+    def get(self, tenant: str, item_id: str) -> Item | str | None:
+        return self._items.get((tenant, item_id))
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def has_references(items: Sequence[Item]) -> bool:
+    return any(isinstance(item, ItemReference) for item in items)
+
+
+async def resolve_references(
+    items: list[Item],
+    tenant: str,
+    *,
+    connection: ItemIndex | None,
+    process: ItemIndex | None,
+    store: ResponseStore | None,
+    parent: ResponseState | None,
+    pass_through: bool = False,
+) -> list[Item]:
+    """``items`` with every :class:`ItemReference` replaced by the item it refers to."""
+    if not has_references(items):
+        return items
+    earlier: dict[str, Item] = {}
+    out: list[Item] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, ItemReference):
+            item_id = getattr(item, "id", None)
+            if item_id:
+                earlier[item_id] = item
+            out.append(item)
+            continue
+        found = earlier.get(item.id)
+        if found is None and connection is not None:
+            local = connection.get(tenant, item.id)
+            found = local if not isinstance(local, str) else None
+        if found is None and process is not None and store is not None:
+            found = await _from_store(process, store, tenant, item.id)
+        if found is None and parent is not None:
+            found = next((i for i in parent.conversation.reversed_items() if getattr(i, "id", None) == item.id), None)
+        if found is None or isinstance(found, ItemReference):
+            if pass_through:
+                out.append(item)
+                continue
+            raise item_not_found(item.id, index)
+        out.append(found)
+    return out
+
+
+async def _from_store(process: ItemIndex, store: ResponseStore, tenant: str, item_id: str) -> Item | None:
+    response_id = process.get(tenant, item_id)
+    if not isinstance(response_id, str):
+        return None
+    stored = await store.get(tenant, response_id)
+    if stored is None:
+        return None
+    for item in (*stored.input_items, *stored.response.output):
+        if getattr(item, "id", None) == item_id:
+            return item
+    return None
+
+
+def item_not_found(item_id: str, index: int) -> ResponsesError:
+    return invalid_request(f"Item with id '{item_id}' not found.", f"input[{index}].id", "item_not_found")
