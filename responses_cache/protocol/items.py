@@ -156,30 +156,30 @@ ITEM_TYPES: frozenset[str] = frozenset(
         "item_reference",
     }
 )
-#: Items of hosted tools (and other server-side features) accepted in input and carried as sent.
-HOSTED_ITEM_TYPES: frozenset[str] = frozenset(
-    {
-        "web_search_call",
-        "file_search_call",
-        "computer_call",
-        "computer_call_output",
-        "code_interpreter_call",
-        "image_generation_call",
-        "local_shell_call",
-        "local_shell_call_output",
-        "shell_call",
-        "shell_call_output",
-        "apply_patch_call",
-        "apply_patch_call_output",
-        "mcp_list_tools",
-        "mcp_approval_request",
-        "mcp_approval_response",
-        "mcp_call",
-        "tool_search_call",
-        "tool_search_output",
-        "compaction",
-    }
-)
+#: Items of hosted tools (and other server-side features) accepted in input and carried as sent,
+#: with the fields each must have (besides ``type``), as the Responses API defines them.
+HOSTED_ITEMS: dict[str, tuple[str, ...]] = {
+    "web_search_call": ("id", "action", "status"),
+    "file_search_call": ("id", "queries", "status"),
+    "computer_call": ("id", "call_id", "pending_safety_checks", "status"),
+    "computer_call_output": ("call_id", "output"),
+    "code_interpreter_call": ("id", "code", "container_id", "outputs", "status"),
+    "image_generation_call": ("id", "result", "status"),
+    "local_shell_call": ("id", "action", "call_id", "status"),
+    "local_shell_call_output": ("id", "output"),
+    "shell_call": ("action", "call_id"),
+    "shell_call_output": ("call_id", "output"),
+    "apply_patch_call": ("call_id", "operation", "status"),
+    "apply_patch_call_output": ("call_id", "status"),
+    "mcp_list_tools": ("id", "server_label", "tools"),
+    "mcp_approval_request": ("id", "arguments", "name", "server_label"),
+    "mcp_approval_response": ("approval_request_id", "approve"),
+    "mcp_call": ("id", "arguments", "name", "server_label"),
+    "tool_search_call": ("arguments",),
+    "tool_search_output": ("tools",),
+    "compaction": ("encrypted_content",),
+}
+HOSTED_ITEM_TYPES: frozenset[str] = frozenset(HOSTED_ITEMS)
 
 
 def content_texts(content: str | Sequence[ContentPart]) -> list[str]:

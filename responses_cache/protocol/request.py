@@ -13,7 +13,16 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import ResponsesError, from_validation_error, invalid_request
-from .items import HOSTED_ITEM_TYPES, ITEM_TYPES, HostedItem, Item, ItemReference, Message, WireItem
+from .items import (
+    HOSTED_ITEM_TYPES,
+    HOSTED_ITEMS,
+    ITEM_TYPES,
+    HostedItem,
+    Item,
+    ItemReference,
+    Message,
+    WireItem,
+)
 
 _RAW_EMPTY = msgspec.Raw(b"")
 
@@ -129,6 +138,13 @@ def decode_item(element: msgspec.Raw | bytes, index: int) -> Item:
 
 
 def _hosted(kind: str, head: dict[str, Any], element: msgspec.Raw | bytes, index: int) -> HostedItem:
+    for field in HOSTED_ITEMS[kind]:
+        if field not in head:
+            raise invalid_request(
+                f"Missing required parameter: 'input[{index}].{field}'.",
+                f"input[{index}].{field}",
+                "missing_required_parameter",
+            )
     item_id, call_id = head.get("id"), head.get("call_id")
     for name, value in (("id", item_id), ("call_id", call_id)):
         if value is not None and not isinstance(value, str):

@@ -165,8 +165,12 @@ def test_bad_inputs_get_the_openai_envelope(live_server_factory: Any) -> None:
     )
     # A hosted tool's item is accepted, but the harmony template cannot show it to the model.
     _assert_error(
-        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x"}]}),
+        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x", "output": {}}]}),
         400, "unsupported_value", "input[0].type",
+    )
+    _assert_error(
+        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x"}]}),
+        400, "missing_required_parameter", "input[0].output",
     )
     _assert_error(
         _post(server, {"model": "sim-1", "input": [{"type": "function_call_output", "output": "x"}]}),
