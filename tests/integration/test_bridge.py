@@ -133,3 +133,14 @@ def test_hosted_items_and_unknown_references_reach_the_app_as_sent(live_server_f
     # The earlier hosted item resolved on the connection; the unknown one is the app's to resolve.
     assert received[1]["input"][0] == WEB_SEARCH and received[1]["input"][2] == WEB_SEARCH
     assert received[1]["input"][3] == {"type": "item_reference", "id": "msg_elsewhere"}
+
+
+def test_the_apps_custom_tool_calls_come_through() -> None:
+    from responses_cache.backends.base import ToolCallDelta, ToolCallStart
+    from responses_cache.bridge import _translate
+
+    added = {"type": "response.output_item.added", "output_index": 0,
+             "item": {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch", "input": ""}}
+    assert _translate(added) == [ToolCallStart(name="apply_patch", call_id="call_1", custom=True)]
+    delta = {"type": "response.custom_tool_call_input.delta", "item_id": "ctc_1", "output_index": 0, "delta": "*** Begin"}
+    assert _translate(delta) == [ToolCallDelta("*** Begin")]
