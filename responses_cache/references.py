@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from cachetools import LRUCache
 
+from .protocol.codec import encode
 from .protocol.errors import ResponsesError, invalid_request
 from .protocol.items import Item, ItemReference
 from .state import ResponseState
@@ -34,29 +35,53 @@ from .store import ResponseStore
 class ItemIndex:
     """A bounded map from item id to what is needed to find the item again.
 
-    The connection's index holds the items themselves (they are shared with the cached states,
-    so an entry costs little); the process's index holds the id of the stored response that
-    holds each item, so the store stays the source of truth.
+    The connection's index holds the items themselves, bounded by their encoded bytes (an item
+    can outlive the cached state it came from, so the index has a budget of its own); the
+    process's index holds the id of the stored response that holds each item, bounded by count,
+    so the store stays the source of truth.
     """
 
-    def __init__(self, max_items: int) -> None:
-        self._items: LRUCache[tuple[str, str], Item | str] = LRUCache(maxsize=max(1, max_items))
+    def __init__(self, max_items: int, *, max_bytes: int | None = None) -> None:
+        self._items: LRUCache[tuple[str, str], Item | str]
+        if max_bytes is None:
+            self._items = LRUCache(maxsize=max(1, max_items))
+        else:
+            self._items = LRUCache(maxsize=max(1, max_bytes), getsizeof=_entry_bytes)
+        self._max_items = max(1, max_items)
+        self._by_bytes = max_bytes is not None
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (0 for an index bounded by count)."""
+        return int(self._items.currsize) if self._by_bytes else 0
 
     def add(self, tenant: str, items: Iterable[Item], response_id: str | None = None) -> None:
         """Index every item that has an id: the item itself, or ``response_id`` when given."""
         for item in items:
             item_id = getattr(item, "id", None)
-            if item_id and not isinstance(item, ItemReference):
-                self._items[(tenant, item_id)] = response_id if response_id is not None else item
+            if not item_id or isinstance(item, ItemReference):
+                continue
+            value: Item | str = response_id if response_id is not None else item
+            try:
+                self._items[(tenant, item_id)] = value
+            except ValueError:  # larger than the whole budget: not referenceable
+                self._items.pop((tenant, item_id), None)
+                continue
+            while len(self._items) > self._max_items:
+                self._items.popitem()
 
     def get(self, tenant: str, item_id: str) -> Item | str | None:
         return self._items.get((tenant, item_id))
 
     def clear(self) -> None:
         self._items.clear()
+
+
+def _entry_bytes(value: Item | str) -> int:
+    return 64 + (len(value) if isinstance(value, str) else len(encode(value)))
 
 
 def has_references(items: Sequence[Item]) -> bool:

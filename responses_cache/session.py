@@ -41,8 +41,10 @@ class SessionConfig:
     #: Per-connection cache budget: items and bytes held by the cached conversations.
     max_cached_items: int = 262_144
     max_cached_bytes: int = 256 * 1024 * 1024
-    #: Items of this connection's responses findable by ``item_reference`` (most recent kept).
+    #: Items of this connection's responses findable by ``item_reference`` (most recent kept),
+    #: at most this many and this many encoded bytes (counted in the process cache budget too).
     max_referenceable_items: int = 65_536
+    max_referenceable_bytes: int = 32 * 1024 * 1024
     #: Keep each cached response's rendered token log. ``False`` trades CPU for memory: the next
     #: continuation re-renders the conversation once instead of appending to the log.
     retain_token_log: bool = True
@@ -115,7 +117,7 @@ class Session:
         self.config = config or SessionConfig()
         self.cache = ConnectionCache()
         #: The connection's items by id, for ``item_reference`` inputs (store true or false).
-        self.items = ItemIndex(self.config.max_referenceable_items)
+        self.items = ItemIndex(self.config.max_referenceable_items, max_bytes=self.config.max_referenceable_bytes)
         self.deadline = now + self.config.lifetime_s
         self._outbox: list[ev.Event] = []
         self._waiting: deque[PendingTurn] = deque()

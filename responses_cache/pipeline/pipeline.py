@@ -53,7 +53,7 @@ class Pipeline:
         billing: UsageSubmitter | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
-        max_indexed_items: int = 1_000_000,
+        max_indexed_items: int = 200_000,
     ) -> None:
         self.store = store
         #: Stored items by id (tenant-scoped), for ``item_reference`` inputs: each entry names the

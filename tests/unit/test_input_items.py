@@ -69,6 +69,14 @@ def test_index_is_bounded_and_tenant_scoped() -> None:
     index.add("a", [Message(role="user", content="3", id="m3"), Message(role="user", content="no id")])
     assert len(index) == 2 and index.get("a", "m1") is None and index.get("a", "m3") is not None
     assert index.get("b", "m3") is None
+    assert index.nbytes == 0  # bounded by count
+
+    by_bytes = ItemIndex(100, max_bytes=400)
+    big = Message(role="user", content="x" * 1000, id="big")
+    by_bytes.add("a", [Message(role="user", content="small", id="s1"), big])
+    assert by_bytes.get("a", "big") is None and by_bytes.get("a", "s1") is not None  # too large alone
+    by_bytes.add("a", [Message(role="user", content="y" * 150, id=f"m{i}") for i in range(3)])
+    assert 0 < by_bytes.nbytes <= 400 and by_bytes.get("a", "s1") is None and by_bytes.get("a", "m2") is not None
 
 
 def test_resolution_order_and_errors() -> None:
