@@ -141,4 +141,9 @@ async def _from_store(process: ItemIndex, store: ResponseStore, tenant: str, ite
 
 
 def item_not_found(item_id: str, index: int) -> ResponsesError:
-    return invalid_request(f"Item with id '{item_id}' not found.", f"input[{index}].id", "item_not_found")
+    return invalid_request(
+        f"Item with id '{item_id}' not found. Items are not persisted when `store` is set to false. "
+        "Try again with `store` set to true, or remove this item from your input.",
+        f"input[{index}].id",
+        "item_not_found",
+    )
