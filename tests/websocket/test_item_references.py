@@ -129,3 +129,19 @@ async def test_unresolvable_reference_keeps_the_socket_open(serve: Any) -> None:
         assert error["status"] == 400 and error["error"]["param"] == "input[1].id"
         response = await ws.ok(model=MODEL, input=[user("still here")])
         assert response["status"] == "completed"
+
+
+async def test_a_resend_made_of_references_reuses_the_cached_conversation(serve: Any, backend: RecordingBackend) -> None:
+    """References are resolved before the full-input match: a client resending its history as
+    references (the Vercel AI SDK's pattern) continues from the cache, rendering only what is new."""
+    server = serve()
+    body = {"instructions": INSTRUCTIONS, "tools": TOOLS}
+    async with ws_connect(server.ws_url) as ws:
+        first = await ws.ok(input=[user("hi")], metadata={"tag": "r1", "text": "hello there"}, **body)
+        second = await ws.ok(input=[user("hi"), ref(first["output"][0]), user("more")], metadata={"tag": "r2"}, **body)
+    metrics = server.app.state.metrics
+    assert metrics.total("full_input_reuse_total", transport="websocket") == 1
+    # Only the new user message was new to this turn; the conversation the engine saw is whole.
+    assert [i[:2] for i in backend.by_tag("r2").identities()] == [("message", "user"), ("message", "assistant"), ("message", "user")]
+    if RENDERER is not None:
+        assert second["usage"]["input_tokens_details"]["cached_tokens"] > 0
