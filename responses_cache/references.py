@@ -29,7 +29,7 @@ from .protocol.codec import encode
 from .protocol.errors import ResponsesError, invalid_request
 from .protocol.items import Item, ItemReference
 from .state import ResponseState
-from .store import ResponseStore
+from .store import ResponseStore, StoredResponse
 
 
 class ItemIndex:
@@ -102,6 +102,8 @@ async def resolve_references(
     if not has_references(items):
         return items
     earlier: dict[str, Item] = {}
+    in_parent: dict[str, Item] | None = None  # built once, on the first miss (O(history) once)
+    fetched: dict[str, StoredResponse | None] = {}  # one store read per stored response
     out: list[Item] = []
     for index, item in enumerate(items):
         if not isinstance(item, ItemReference):
@@ -115,9 +117,15 @@ async def resolve_references(
             local = connection.get(tenant, item.id)
             found = local if not isinstance(local, str) else None
         if found is None and process is not None and store is not None:
-            found = await _from_store(process, store, tenant, item.id)
+            found = await _from_store(process, store, tenant, item.id, fetched)
         if found is None and parent is not None:
-            found = next((i for i in parent.conversation.reversed_items() if getattr(i, "id", None) == item.id), None)
+            if in_parent is None:
+                in_parent = {}
+                for old in parent.conversation.reversed_items():
+                    old_id = getattr(old, "id", None)
+                    if old_id:
+                        in_parent.setdefault(old_id, old)  # the newest item with that id
+            found = in_parent.get(item.id)
         if found is None or isinstance(found, ItemReference):
             if pass_through:
                 out.append(item)
@@ -127,11 +135,15 @@ async def resolve_references(
     return out
 
 
-async def _from_store(process: ItemIndex, store: ResponseStore, tenant: str, item_id: str) -> Item | None:
+async def _from_store(
+    process: ItemIndex, store: ResponseStore, tenant: str, item_id: str, fetched: dict[str, StoredResponse | None]
+) -> Item | None:
     response_id = process.get(tenant, item_id)
     if not isinstance(response_id, str):
         return None
-    stored = await store.get(tenant, response_id)
+    if response_id not in fetched:
+        fetched[response_id] = await store.get(tenant, response_id)
+    stored = fetched[response_id]
     if stored is None:
         return None
     for item in (*stored.input_items, *stored.response.output):

@@ -98,3 +98,27 @@ def test_resolution_order_and_errors() -> None:
     assert asyncio.run(run([ItemReference("zz")], pass_through=True)) == [ItemReference("zz")]
     plain: list[Item] = [earlier]
     assert asyncio.run(run(plain)) is plain  # nothing to resolve: no copy
+
+
+def test_many_references_cost_one_store_read_per_stored_response() -> None:
+    from responses_cache.protocol.response import Response
+    from responses_cache.store import MemoryResponseStore, StoredResponse
+
+    class CountingStore(MemoryResponseStore):
+        reads = 0
+
+        async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+            CountingStore.reads += 1
+            return await super().get(tenant, response_id)
+
+    store = CountingStore()
+    inputs = [Message(role="user", content=str(i), id=f"msg_{i}") for i in range(50)]
+    response = Response(
+        id="resp_1", created_at=0, status="completed", model="m", output=[], tools=[], tool_choice="auto", parallel_tool_calls=True
+    )
+    asyncio.run(store.put(StoredResponse("t", response, tuple(inputs), None, b"[]")))
+    process = ItemIndex(1000)
+    process.add("t", inputs, "resp_1")
+    refs: list[Item] = [ItemReference(f"msg_{i}") for i in range(50)]
+    resolved = asyncio.run(resolve_references(refs, "t", connection=None, process=process, store=store, parent=None))
+    assert resolved == inputs and CountingStore.reads == 1
