@@ -188,12 +188,14 @@ def _translate(event: dict[str, Any]) -> list[BackendEvent]:
         return [TextDelta(event["delta"])]
     if kind == "response.reasoning_text.delta":
         return [ReasoningDelta(event["delta"])]
-    if kind == "response.function_call_arguments.delta":
+    if kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
         return [ToolCallDelta(event["delta"])]
     if kind == "response.output_item.added":
         item = event.get("item") or {}
         if item.get("type") == "function_call":
             return [ToolCallStart(name=item["name"], call_id=item.get("call_id"), namespace=item.get("namespace"))]
+        if item.get("type") == "custom_tool_call":
+            return [ToolCallStart(name=item["name"], call_id=item.get("call_id"), namespace=item.get("namespace"), custom=True)]
         return []
     if kind in ("response.completed", "response.incomplete"):
         response = event.get("response") or {}

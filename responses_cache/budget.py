@@ -28,6 +28,7 @@ class _Ledger(LRUCache[int, int]):
         session = self.sessions.get(key)
         if session is not None:
             session.cache.clear()
+            session.items.clear()
             self.evictions += 1
         return key, size
 
@@ -43,10 +44,11 @@ class CacheBudget:
         """Record ``session``'s current cache size and mark it most recently used."""
         key = id(session)
         self._sessions[key] = session
-        size = session.cache.size()[1]
+        size = session.cache.size()[1] + session.items.nbytes
         self._ledger.pop(key, None)
         if size > self._ledger.maxsize:  # alone over the budget: it cannot be kept at all
             session.cache.clear()
+            session.items.clear()
             return
         self._ledger[key] = size
 

@@ -92,6 +92,7 @@ class HTTPApi:
                     raise previous_response_not_found(body.previous_response_id)
                 parent = found[0]
                 self.service.pipeline.metrics.inc(f"resolved_{found[1]}_total", {"transport": "http"})
+            await self.service.resolve_references(turn, parent)
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:

@@ -28,6 +28,7 @@ from .pipeline.turn import Transport, Turn
 from .protocol.errors import invalid_request
 from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
+from .references import ItemIndex, resolve_references
 from .routing import Route, Router
 from .state import ResponseState, open_calls_after
 from .store import ResponseStore
@@ -78,6 +79,21 @@ class ResponsesService:
             lane=lane,
             response_id=new_id("resp"),
             created_at=time.time(),
+        )
+
+    async def resolve_references(
+        self, turn: Turn, parent: ResponseState | None, connection: ItemIndex | None = None
+    ) -> None:
+        """Replace the turn's ``item_reference`` items by the items they name (see
+        :mod:`responses_cache.references`); a backend with its own store gets the unresolved ones."""
+        turn.items = await resolve_references(
+            turn.items,
+            turn.tenant,
+            connection=connection,
+            process=self.pipeline.stored_items,
+            store=self.store,
+            parent=parent,
+            pass_through=self.delegate_misses,
         )
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:

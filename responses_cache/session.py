@@ -25,6 +25,7 @@ from .protocol.errors import (
 )
 from .protocol.items import Item, identity
 from .protocol.request import CreateResponse, decode_create
+from .references import ItemIndex
 from .state import ResponseState
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
@@ -40,6 +41,10 @@ class SessionConfig:
     #: Per-connection cache budget: items and bytes held by the cached conversations.
     max_cached_items: int = 262_144
     max_cached_bytes: int = 256 * 1024 * 1024
+    #: Items of this connection's responses findable by ``item_reference`` (most recent kept),
+    #: at most this many and this many encoded bytes (counted in the process cache budget too).
+    max_referenceable_items: int = 65_536
+    max_referenceable_bytes: int = 32 * 1024 * 1024
     #: Keep each cached response's rendered token log. ``False`` trades CPU for memory: the next
     #: continuation re-renders the conversation once instead of appending to the log.
     retain_token_log: bool = True
@@ -111,6 +116,8 @@ class Session:
         self.tenant = tenant
         self.config = config or SessionConfig()
         self.cache = ConnectionCache()
+        #: The connection's items by id, for ``item_reference`` inputs (store true or false).
+        self.items = ItemIndex(self.config.max_referenceable_items, max_bytes=self.config.max_referenceable_bytes)
         self.deadline = now + self.config.lifetime_s
         self._outbox: list[ev.Event] = []
         self._waiting: deque[PendingTurn] = deque()
@@ -280,6 +287,7 @@ class Session:
     def close(self) -> None:
         """The socket closed: drop every piece of connection-local state."""
         self.cache.clear()
+        self.items.clear()
         self._waiting.clear()
         self._outbox.clear()
         self._active_lanes.clear()

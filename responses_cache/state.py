@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .conversation import Conversation
-from .protocol.items import FunctionCall, FunctionCallOutput, Item
+from .protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+)
 from .protocol.response import Response
 from .protocol.tools import ToolSet
 
@@ -54,8 +60,8 @@ def open_calls_after(previous: Mapping[str, str], items: tuple[Item, ...] | list
     """Calls still unanswered after ``items`` (O(len(items)), carried from the parent)."""
     calls = dict(previous)
     for item in items:
-        if isinstance(item, FunctionCall):
+        if isinstance(item, (FunctionCall, CustomToolCall)):
             calls[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutput):
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             calls.pop(item.call_id, None)
     return calls

@@ -291,7 +291,8 @@ class _Connection:
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
-        else:
+        await service.resolve_references(turn, parent, session.items)
+        if wanted is None:
             metrics.inc("full_sends_total", labels)
             match = session.match_full_input(pending, turn.items, turn.tools.fingerprint)
             if match is not None:
@@ -299,4 +300,9 @@ class _Connection:
                 turn.items = turn.items[reused:]
                 turn.reused_items = reused
                 metrics.inc("full_input_reuse_total", labels)
-        return await service.run(turn, parent, route, self._send)
+        new_items = turn.items
+        state = await service.run(turn, parent, route, self._send)
+        if state.response.status != "failed":
+            # What this turn added becomes referenceable on the connection (``item_reference``).
+            session.items.add(session.tenant, (*new_items, *state.response.output))
+        return state

@@ -87,15 +87,19 @@ class ReasoningDelta:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallStart:
-    """A new function call; its arguments follow as :class:`ToolCallDelta` values."""
+    """A new tool call; its arguments follow as :class:`ToolCallDelta` values. ``custom=True``
+    starts a call of a custom (freeform) tool: the deltas are then its plain-text ``input``."""
 
     name: str
     call_id: str | None = None
     namespace: str | None = None
+    custom: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallDelta:
+    """Function-call arguments (JSON text), or a custom tool call's input text."""
+
     arguments: str
     token_ids: Sequence[int] = ()
 

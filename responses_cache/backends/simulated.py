@@ -13,9 +13,12 @@ Default policy, enough to drive a real agent client end to end:
 1. The request offers a shell tool (``exec_command`` with a ``cmd`` string, ``shell`` with a
    ``command`` array, or any function with such a parameter) and the latest user message contains a
    command in backticks → call that tool with that command.
-2. The last item is a ``function_call_output`` → a short message quoting the last non-empty line
-   of the output.
-3. Otherwise → a text answer.
+2. The request offers a custom (freeform) tool and the latest user message contains a fenced
+   block (three backticks) → call the first custom tool with the block's text as its ``input``
+   (checked before rule 1).
+3. The last item is a ``function_call_output`` or ``custom_tool_call_output`` → a short message
+   quoting the last non-empty line of the output.
+4. Otherwise → a text answer.
 
 Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
 first ``tool_calls`` turns after a user message each call the first function tool with arguments of
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from ..protocol.items import FunctionCallOutput, Message, text_of
+from ..protocol.items import CustomToolCallOutput, FunctionCallOutput, Message, text_of
 from ..protocol.tools import FunctionTool
 from ..tokens.log import TokenLog
 from .base import (
@@ -49,6 +52,7 @@ from .base import (
 )
 
 _BACKTICKS = re.compile(r"`([^`\n]+)`")
+_FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _FILLER = (
     "The change compiles cleanly and the tests pass; next I will look at the remaining edge cases "
     "in the parser and tidy the error messages before opening the pull request. "
@@ -108,8 +112,11 @@ class SimulatedEngine:
         elif prompt_tokens > cached:
             await asyncio.sleep((prompt_tokens - cached) / cfg.prefill_tokens_per_s)
         plan = self._plan(request)
-        pieces = self._tokenize(request, plan.text if plan.call is None else plan.arguments)
-        if plan.call is not None:
+        calls = plan.call is not None or plan.custom is not None
+        pieces = self._tokenize(request, plan.arguments if calls else plan.text)
+        if plan.custom is not None:
+            yield ToolCallStart(name=plan.custom, custom=True)
+        elif plan.call is not None:
             yield ToolCallStart(name=plan.call.name, namespace=plan.namespace)
         decode_start = self._clock()
         for i, piece in enumerate(pieces):
@@ -118,9 +125,9 @@ class SimulatedEngine:
                 delay = due - self._clock()
                 if delay > 0.001:
                     await asyncio.sleep(delay)
-            yield ToolCallDelta(piece) if plan.call is not None else TextDelta(piece)
+            yield ToolCallDelta(piece) if calls else TextDelta(piece)
         yield Finish(
-            reason="tool_calls" if plan.call is not None else "stop",
+            reason="tool_calls" if calls else "stop",
             usage=EngineUsage(prompt_tokens=prompt_tokens, cached_tokens=cached, output_tokens=len(pieces)),
         )
 
@@ -158,13 +165,17 @@ class SimulatedEngine:
         scenario = self.config.scenario
         if scenario is not None:
             return self._scenario_plan(request, scenario, functions)
-        if isinstance(last, FunctionCallOutput):
+        if isinstance(last, (FunctionCallOutput, CustomToolCallOutput)):
             output = last.output if isinstance(last.output, str) else text_of(last.output)
             lines = [line.strip() for line in output.splitlines() if line.strip()]
             quoted = lines[-1] if lines else "(no output)"
             return _Plan(text=f"The command finished. Last line of its output: {quoted}")
         if isinstance(last, Message) and last.role == "user":
             text = text_of(last.content)
+            customs = request.tools.customs()
+            fenced = _FENCED.search(text)
+            if fenced and customs:
+                return _Plan(custom=customs[0].name, arguments=fenced.group(1))
             match = _BACKTICKS.search(text)
             tool = _shell_tool(functions)
             if match and tool is not None:
@@ -234,6 +245,8 @@ class _Plan:
     call: FunctionTool | None = None
     namespace: str | None = None
     arguments: str = ""
+    #: The custom tool to call (``arguments`` is then its input text).
+    custom: str | None = None
 
 
 def _shell_tool(

@@ -13,7 +13,15 @@ from typing import Literal
 from ..backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from ..ids import new_id
 from ..protocol import events as ev
-from ..protocol.items import FunctionCall, Item, Message, OutputText, Reasoning, ReasoningText
+from ..protocol.items import (
+    CustomToolCall,
+    FunctionCall,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    ReasoningText,
+)
 
 Emit = Callable[[ev.Event], Awaitable[None]]
 
@@ -26,7 +34,7 @@ class OutputBuilder:
         self.output: list[Item] = []
         self.output_tokens = 0
         self.reasoning_tokens = 0
-        self._kind: Literal["message", "function_call", "reasoning"] | None = None
+        self._kind: Literal["message", "function_call", "custom_tool_call", "reasoning"] | None = None
         self._item_id = ""
         self._buffer: list[str] = []
         self._call: ToolCallStart | None = None
@@ -66,13 +74,16 @@ class OutputBuilder:
                 ev.ReasoningTextDelta(item_id=self._item_id, output_index=self.index, content_index=0, delta=event.text)
             )
         else:
-            if self._kind != "function_call":
+            if self._kind not in ("function_call", "custom_tool_call"):
                 raise ValueError("backend sent function-call arguments before a ToolCallStart")
             self._count(event.token_ids, reasoning=False)
             self._buffer.append(event.arguments)
-            await self.send(
-                ev.FunctionCallArgumentsDelta(item_id=self._item_id, output_index=self.index, delta=event.arguments)
-            )
+            delta: ev.Event
+            if self._kind == "custom_tool_call":
+                delta = ev.CustomToolCallInputDelta(item_id=self._item_id, output_index=self.index, delta=event.arguments)
+            else:
+                delta = ev.FunctionCallArgumentsDelta(item_id=self._item_id, output_index=self.index, delta=event.arguments)
+            await self.send(delta)
 
     def _count(self, token_ids: Sequence[int], *, reasoning: bool) -> None:
         n = len(token_ids) or 1  # a delta without ids counts as one token
@@ -93,8 +104,15 @@ class OutputBuilder:
         await self.send(ev.OutputItemAdded(output_index=self.index, item=Reasoning(summary=[], id=self._item_id)))
 
     async def _open_call(self, start: ToolCallStart) -> None:
-        self._kind, self._item_id, self._buffer = "function_call", new_id("fc"), []
-        self._call, self._call_id = start, start.call_id or new_id("call")
+        self._call, self._call_id, self._buffer = start, start.call_id or new_id("call"), []
+        if start.custom:
+            self._kind, self._item_id = "custom_tool_call", new_id("ctc")
+            custom = CustomToolCall(
+                call_id=self._call_id, name=start.name, input="", id=self._item_id, namespace=start.namespace
+            )
+            await self.send(ev.OutputItemAdded(output_index=self.index, item=custom))
+            return
+        self._kind, self._item_id = "function_call", new_id("fc")
         item = FunctionCall(
             call_id=self._call_id, name=start.name, arguments="", id=self._item_id, status="in_progress",
             namespace=start.namespace,
@@ -116,6 +134,12 @@ class OutputBuilder:
         elif kind == "reasoning":
             await self.send(ev.ReasoningTextDone(item_id=item_id, output_index=index, content_index=0, text=text))
             item = Reasoning(summary=[], id=item_id, content=[ReasoningText(text=text)], status=status)
+        elif kind == "custom_tool_call":
+            assert self._call is not None
+            await self.send(ev.CustomToolCallInputDone(item_id=item_id, output_index=index, input=text))
+            item = CustomToolCall(
+                call_id=self._call_id, name=self._call.name, input=text, id=item_id, namespace=self._call.namespace
+            )
         else:
             assert self._call is not None
             await self.send(

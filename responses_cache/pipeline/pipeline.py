@@ -23,8 +23,10 @@ from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
+from ..protocol.codec import encode
 from ..protocol.items import Item
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..references import ItemIndex
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
@@ -52,8 +54,12 @@ class Pipeline:
         billing: UsageSubmitter | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        max_indexed_items: int = 200_000,
     ) -> None:
         self.store = store
+        #: Stored items by id (tenant-scoped), for ``item_reference`` inputs: each entry names the
+        #: stored response that holds the item.
+        self.stored_items = ItemIndex(max_indexed_items)
         self.hooks = hooks or HookRunner()
         self.validator = validator or Validator()
         self.billing = billing
@@ -165,7 +171,7 @@ class Pipeline:
             open_calls=open_calls_after(open_calls, out.output),
             hook_state={**hook_state, **alongside_state},
             conversation_key=turn.conversation_key,
-            total_bytes=(parent.total_bytes if parent else 0) + sum(len(msgspec.json.encode(i)) for i in own_items),
+            total_bytes=(parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items),
         )
         if request.store and self.store is not None and status != "failed":
             # A full-input request matched against the cache has no previous_response_id: store the
@@ -186,6 +192,8 @@ class Pipeline:
             except Exception:  # the response is complete and billed: finish it, unstored
                 logger.exception("could not store %s", turn.response_id)
                 self.metrics.inc("store_errors_total", {"transport": turn.transport})
+            else:
+                self.stored_items.add(turn.tenant, (*stored_input, *out.output), final.id)
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
         if status == "completed":

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
+    HostedItem,
     Item,
     Message,
     Reasoning,
@@ -48,15 +51,16 @@ class Validator:
         pending = dict(open_calls)
         for index, item in enumerate(items):
             self.items_checked += 1
-            if isinstance(item, FunctionCallOutput):
+            if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
                 if check_calls and item.call_id not in pending:
+                    kind = "function" if isinstance(item, FunctionCallOutput) else "custom tool"
                     raise invalid_request(
-                        f"No tool call found for function call output with call_id {item.call_id}.",
+                        f"No tool call found for {kind} call output with call_id {item.call_id}.",
                         f"input[{index}].call_id",
                         "invalid_function_call_output",
                     )
                 pending.pop(item.call_id, None)
-            elif isinstance(item, FunctionCall):
+            elif isinstance(item, (FunctionCall, CustomToolCall)):
                 pending[item.call_id] = item.name
             size = _text_bytes(item)
             self.bytes_checked += size
@@ -79,10 +83,14 @@ def _text_bytes(item: Item) -> int:
     """UTF-8 size of the text an item carries (what the renderer will tokenize)."""
     if isinstance(item, Message):
         text = text_of(item.content)
-    elif isinstance(item, FunctionCallOutput):
+    elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
         text = item.output if isinstance(item.output, str) else text_of(item.output)
     elif isinstance(item, FunctionCall):
         text = item.arguments
+    elif isinstance(item, CustomToolCall):
+        text = item.input
+    elif isinstance(item, HostedItem):
+        return len(item.raw)
     elif isinstance(item, Reasoning):
         text = "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
         text += item.encrypted_content or ""

@@ -4,5 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-encoder = msgspec.json.Encoder()
+from .items import enc_hook
+
+encoder = msgspec.json.Encoder(enc_hook=enc_hook)
 encode = encoder.encode

@@ -92,6 +92,18 @@ class FunctionCallArgumentsDone(Event, tag="response.function_call_arguments.don
     arguments: str
 
 
+class CustomToolCallInputDelta(Event, tag="response.custom_tool_call_input.delta"):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class CustomToolCallInputDone(Event, tag="response.custom_tool_call_input.done"):
+    item_id: str
+    output_index: int
+    input: str
+
+
 class ReasoningSummaryPartAdded(Event, tag="response.reasoning_summary_part.added"):
     item_id: str
     output_index: int
@@ -157,6 +169,8 @@ ServerEvent = (
     | OutputTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone
     | ReasoningSummaryPartAdded
     | ReasoningSummaryPartDone
     | ReasoningSummaryTextDelta

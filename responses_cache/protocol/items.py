@@ -90,8 +90,96 @@ class Reasoning(msgspec.Struct, tag="reasoning", frozen=True, omit_defaults=True
     status: ItemStatus | None = None
 
 
-Item = Message | FunctionCall | FunctionCallOutput | Reasoning
-ITEM_TYPES: frozenset[str] = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+class CustomToolCall(msgspec.Struct, tag="custom_tool_call", frozen=True, omit_defaults=True):
+    """A call of a custom (freeform) tool: ``input`` is plain text, not JSON arguments."""
+
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    namespace: str | None = None
+
+
+class CustomToolCallOutput(msgspec.Struct, tag="custom_tool_call_output", frozen=True, omit_defaults=True):
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | None = None
+
+
+class ItemReference(msgspec.Struct, tag="item_reference", frozen=True):
+    """A reference to an earlier item by id; replaced by that item before the turn runs."""
+
+    id: str
+
+
+class HostedItem:
+    """An item of a hosted tool this server does not run (``web_search_call``, ``mcp_call``,
+    ``compaction``…), kept exactly as the client sent it: ``raw`` is its JSON, re-encoded
+    byte for byte (see :func:`enc_hook`)."""
+
+    __slots__ = ("call_id", "id", "raw", "type")
+
+    def __init__(self, type: str, raw: bytes, id: str | None = None, call_id: str | None = None) -> None:
+        self.type = type
+        self.raw = raw
+        self.id = id
+        self.call_id = call_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostedItem) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        return f"HostedItem({self.type!r}, {self.raw!r})"
+
+
+def enc_hook(obj: Any) -> Any:
+    """msgspec encoder hook: a :class:`HostedItem` encodes as the JSON it came with."""
+    if isinstance(obj, HostedItem):
+        return msgspec.Raw(obj.raw)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+#: Items decoded by msgspec (tagged on ``type``).
+WireItem = Message | FunctionCall | FunctionCallOutput | Reasoning | CustomToolCall | CustomToolCallOutput | ItemReference
+Item = WireItem | HostedItem
+ITEM_TYPES: frozenset[str] = frozenset(
+    {
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "item_reference",
+    }
+)
+#: Items of hosted tools (and other server-side features) accepted in input and carried as sent,
+#: with the fields each must have (besides ``type``), as the Responses API defines them.
+HOSTED_ITEMS: dict[str, tuple[str, ...]] = {
+    "web_search_call": ("id", "action", "status"),
+    "file_search_call": ("id", "queries", "status"),
+    "computer_call": ("id", "call_id", "pending_safety_checks", "status"),
+    "computer_call_output": ("call_id", "output"),
+    "code_interpreter_call": ("id", "code", "container_id", "outputs", "status"),
+    "image_generation_call": ("id", "result", "status"),
+    "local_shell_call": ("id", "action", "call_id", "status"),
+    "local_shell_call_output": ("id", "output"),
+    "shell_call": ("action", "call_id"),
+    "shell_call_output": ("call_id", "output"),
+    "apply_patch_call": ("call_id", "operation", "status"),
+    "apply_patch_call_output": ("call_id", "status"),
+    "mcp_list_tools": ("id", "server_label", "tools"),
+    "mcp_approval_request": ("id", "arguments", "name", "server_label"),
+    "mcp_approval_response": ("approval_request_id", "approve"),
+    "mcp_call": ("id", "arguments", "name", "server_label"),
+    "tool_search_call": ("arguments",),
+    "tool_search_output": ("tools",),
+    "compaction": ("encrypted_content",),
+}
+HOSTED_ITEM_TYPES: frozenset[str] = frozenset(HOSTED_ITEMS)
 
 
 def content_texts(content: str | Sequence[ContentPart]) -> list[str]:
@@ -121,10 +209,17 @@ def identity(item: Item) -> tuple[Any, ...]:
         return ("message", item.role, text_of(content) if plain else msgspec.json.encode(content))
     if isinstance(item, FunctionCall):
         return ("function_call", item.call_id, item.name, item.arguments, item.namespace)
-    if isinstance(item, FunctionCallOutput):
+    if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
         output = item.output
         plain = isinstance(output, str) or all(isinstance(p, (InputText, OutputText)) for p in output)
-        return ("function_call_output", item.call_id, text_of(output) if plain else msgspec.json.encode(output))
+        kind = "function_call_output" if isinstance(item, FunctionCallOutput) else "custom_tool_call_output"
+        return (kind, item.call_id, text_of(output) if plain else msgspec.json.encode(output))
+    if isinstance(item, CustomToolCall):
+        return ("custom_tool_call", item.call_id, item.name, item.input, item.namespace)
+    if isinstance(item, ItemReference):
+        return ("item_reference", item.id)
+    if isinstance(item, HostedItem):
+        return (item.type, item.raw)
     return (
         "reasoning",
         tuple(s.text for s in item.summary),
@@ -138,7 +233,7 @@ def has_media(item: Item) -> bool:
     content: Any
     if isinstance(item, Message):
         content = item.content
-    elif isinstance(item, FunctionCallOutput):
+    elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
         content = item.output
     else:
         return False

@@ -13,7 +13,16 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import ResponsesError, from_validation_error, invalid_request
-from .items import ITEM_TYPES, Item, Message
+from .items import (
+    HOSTED_ITEM_TYPES,
+    HOSTED_ITEMS,
+    ITEM_TYPES,
+    HostedItem,
+    Item,
+    ItemReference,
+    Message,
+    WireItem,
+)
 
 _RAW_EMPTY = msgspec.Raw(b"")
 
@@ -64,7 +73,8 @@ class CreateResponse(msgspec.Struct, kw_only=True):
 
 _create_decoder = msgspec.json.Decoder(CreateResponse)
 _raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
-_item_decoder: msgspec.json.Decoder[Item] = msgspec.json.Decoder(Item)  # type: ignore[arg-type]
+_item_decoder: msgspec.json.Decoder[WireItem] = msgspec.json.Decoder(WireItem)  # type: ignore[arg-type]
+_reference_decoder = msgspec.json.Decoder(ItemReference)
 _message_decoder = msgspec.json.Decoder(Message)
 _type_probe = msgspec.json.Decoder(dict[str, Any])
 
@@ -103,7 +113,8 @@ def decode_input(raw: msgspec.Raw | bytes) -> list[Item]:
 
 
 def decode_item(element: msgspec.Raw | bytes, index: int) -> Item:
-    """Decode one input item; a message may omit ``type`` (the "easy" input message form)."""
+    """Decode one input item. A message may omit ``type`` (the "easy" input message form), and so
+    may an item reference (``{"id": "msg_…"}``). Hosted-tool items are kept as sent."""
     try:
         return _item_decoder.decode(element)
     except msgspec.ValidationError as exc:
@@ -114,15 +125,40 @@ def decode_item(element: msgspec.Raw | bytes, index: int) -> Item:
                 return _message_decoder.decode(_with_type(element))
             except msgspec.ValidationError as inner:
                 raise from_validation_error(inner, f"input[{index}]") from None
+        if kind is None and "id" in head:
+            try:
+                return _reference_decoder.decode(_with_type(element, b"item_reference"))
+            except msgspec.ValidationError as inner:
+                raise from_validation_error(inner, f"input[{index}]") from None
+        if isinstance(kind, str) and kind in HOSTED_ITEM_TYPES:
+            return _hosted(kind, head, element, index)
         if isinstance(kind, str) and kind not in ITEM_TYPES:
             raise unsupported_item(kind, index) from None
         raise from_validation_error(exc, f"input[{index}]") from None
 
 
+def _hosted(kind: str, head: dict[str, Any], element: msgspec.Raw | bytes, index: int) -> HostedItem:
+    for field in HOSTED_ITEMS[kind]:
+        if field not in head:
+            raise invalid_request(
+                f"Missing required parameter: 'input[{index}].{field}'.",
+                f"input[{index}].{field}",
+                "missing_required_parameter",
+            )
+    item_id, call_id = head.get("id"), head.get("call_id")
+    for name, value in (("id", item_id), ("call_id", call_id)):
+        if value is not None and not isinstance(value, str):
+            raise invalid_request(
+                f"Invalid type for 'input[{index}].{name}': expected a string.", f"input[{index}].{name}", "invalid_type"
+            )
+    return HostedItem(kind, bytes(element), item_id, call_id)
+
+
 def unsupported_item(kind: str, index: int) -> ResponsesError:
+    supported = sorted(ITEM_TYPES | HOSTED_ITEM_TYPES)
+    listed = ", ".join(f"'{t}'" for t in supported[:-1]) + f" and '{supported[-1]}'"
     return invalid_request(
-        f"Invalid value: '{kind}'. Supported values are: 'message', 'function_call', "
-        "'function_call_output' and 'reasoning'.",
+        f"Invalid value: '{kind}'. Supported values are: {listed}.",
         f"input[{index}].type",
         "invalid_value",
     )
@@ -138,6 +174,7 @@ def _probe(element: msgspec.Raw | bytes, index: int) -> dict[str, Any]:
     return head
 
 
-def _with_type(element: msgspec.Raw | bytes) -> bytes:
+def _with_type(element: msgspec.Raw | bytes, tag: bytes = b"message") -> bytes:
     data = bytes(element).lstrip()
-    return b'{"type":"message",' + data[1:] if data[1:].lstrip()[:1] != b"}" else b'{"type":"message"}'
+    head = b'{"type":"' + tag + b'"'
+    return head + b"," + data[1:] if data[1:].lstrip()[:1] != b"}" else head + b"}"

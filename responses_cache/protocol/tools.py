@@ -8,7 +8,7 @@ result, so a connection that repeats its tools pays for parsing only once.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from cachetools import LRUCache
@@ -29,6 +29,25 @@ class NamespaceTool(msgspec.Struct, tag="namespace", frozen=True, omit_defaults=
     description: str | None = None
 
 
+class TextFormat(msgspec.Struct, tag="text", frozen=True):
+    """Unconstrained text input."""
+
+
+class GrammarFormat(msgspec.Struct, tag="grammar", frozen=True):
+    """Input that must match a grammar (``syntax``: ``lark`` or ``regex``)."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+class CustomTool(msgspec.Struct, tag="custom", frozen=True, omit_defaults=True):
+    """A custom (freeform) tool: the model calls it with plain text (``custom_tool_call.input``)."""
+
+    name: str
+    description: str | None = None
+    format: TextFormat | GrammarFormat | None = None
+
+
 class HostedTool(msgspec.Struct, frozen=True):
     """A tool the server cannot run itself (``web_search``, ``mcp``…); kept for echoing only."""
 
@@ -36,7 +55,7 @@ class HostedTool(msgspec.Struct, frozen=True):
     config: dict[str, Any]
 
 
-Tool = FunctionTool | NamespaceTool | HostedTool
+Tool = FunctionTool | NamespaceTool | CustomTool | HostedTool
 
 
 class ToolSet(msgspec.Struct, frozen=True):
@@ -57,10 +76,19 @@ class ToolSet(msgspec.Struct, frozen=True):
                 out.extend((tool.name, t) for t in tool.tools)
         return out
 
+    def customs(self) -> list[CustomTool]:
+        """Every custom (freeform) tool."""
+        return [tool for tool in self.tools if isinstance(tool, CustomTool)]
+
+    def hosted(self) -> list[HostedTool]:
+        """Tools of other kinds (``web_search``, ``mcp``…): echoed, never offered to the model."""
+        return [tool for tool in self.tools if isinstance(tool, HostedTool)]
+
 
 EMPTY_TOOLS = ToolSet((), hashlib.blake2b(b"[]", digest_size=16).digest())
 _function_decoder = msgspec.json.Decoder(FunctionTool)
 _namespace_decoder = msgspec.json.Decoder(NamespaceTool)
+_custom_decoder = msgspec.json.Decoder(CustomTool)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _head_decoder = msgspec.json.Decoder(dict[str, Any])
 _cache: LRUCache[bytes, ToolSet] = LRUCache(maxsize=1024)
@@ -92,6 +120,8 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
                 tools.append(_function_decoder.decode(element))
             elif kind == "namespace":
                 tools.append(_namespace_decoder.decode(element))
+            elif kind == "custom":
+                tools.append(_custom_decoder.decode(element))
             elif isinstance(kind, str) and kind:
                 tools.append(HostedTool(kind, head))
             else:

@@ -15,6 +15,8 @@ from typing import Literal
 import msgspec
 
 from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     InputText,
@@ -45,10 +47,12 @@ def texts_of(item: Item, scope: Iterable[Scope]) -> list[str]:
         else:
             wanted = "system" in kinds
         return content_texts(item.content) if wanted else []
-    if isinstance(item, FunctionCallOutput):
+    if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
         return content_texts(item.output) if "tool_output" in kinds else []
     if isinstance(item, FunctionCall):
         return [item.arguments] if "tool_call" in kinds else []
+    if isinstance(item, CustomToolCall):
+        return [item.input] if "tool_call" in kinds else []
     if isinstance(item, Reasoning):
         if "reasoning" not in kinds:
             return []
@@ -73,9 +77,12 @@ def rewrite_texts(item: Item, scope: Iterable[Scope], fn: _Rewrite) -> Item:
             return item
         content = _rewrite_content(item.content, fn)
         return item if content is item.content else msgspec.structs.replace(item, content=content)
-    if isinstance(item, FunctionCallOutput) and "tool_output" in kinds:
+    if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and "tool_output" in kinds:
         output = _rewrite_content(item.output, fn)
         return item if output is item.output else msgspec.structs.replace(item, output=output)
+    if isinstance(item, CustomToolCall) and "tool_call" in kinds:
+        text = fn(item.input)
+        return item if text == item.input else msgspec.structs.replace(item, input=text)
     if isinstance(item, FunctionCall) and "tool_call" in kinds:
         arguments = fn(item.arguments)
         return (

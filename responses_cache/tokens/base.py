@@ -24,19 +24,23 @@ import tiktoken
 
 from ..protocol.items import (
     ContentPart,
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
+    HostedItem,
     InputFile,
     InputImage,
     InputText,
     Item,
+    ItemReference,
     Message,
     OutputText,
     Reasoning,
     Refusal,
 )
-from ..protocol.tools import ToolSet
-from .errors import UnknownCallError, UnsupportedContentError
+from ..protocol.tools import CustomTool, GrammarFormat, ToolSet
+from .errors import UnknownCallError, UnrenderableItemError, UnsupportedContentError
 from .log import ASSISTANT, FINAL, NO_FACTS, Facts, LogContext, Node, TokenLog, find_call, relayout
 
 
@@ -128,6 +132,18 @@ def item_texts(content: str | list[ContentPart], item_index: int, path: str) -> 
     return texts
 
 
+def custom_tool_description(tool: CustomTool) -> str:
+    """A custom tool's description plus its input format, as both templates declare it:
+    ``Input: plain text.``, or the grammar (``Input: text matching this lark grammar:`` and the
+    definition)."""
+    fmt = tool.format
+    if isinstance(fmt, GrammarFormat):
+        note = f"Input: text matching this {fmt.syntax} grammar:\n{fmt.definition}"
+    else:
+        note = "Input: plain text."
+    return f"{tool.description}\n{note}" if tool.description else note
+
+
 def reasoning_texts(item: Reasoning) -> list[str]:
     """A reasoning item's text: its ``reasoning_text`` parts, else its summary parts."""
     if item.content:
@@ -139,7 +155,7 @@ def is_assistant_output(item: Item) -> bool:
     """True for items a model can sample: reasoning, function calls, assistant messages."""
     if isinstance(item, Message):
         return item.role == "assistant"
-    return isinstance(item, (Reasoning, FunctionCall))
+    return isinstance(item, (Reasoning, FunctionCall, CustomToolCall))
 
 
 class BaseRenderer(ABC):
@@ -245,7 +261,7 @@ class BaseRenderer(ABC):
         node = relayout(node, hidden, self._stats)
         ctx = node.ctx
         for item, r, f in zip(items, rendered, all_facts, strict=True):
-            call_id = item.call_id if isinstance(item, FunctionCall) else None
+            call_id = item.call_id if isinstance(item, (FunctionCall, CustomToolCall)) else None
             # ``r.seg[:]``: an exact-size copy, dropping the slack ``extend`` left (cached memory).
             node = Node(node, ctx, r.seg[:], r.flags, f, hidden, call_id, r.call_target)
         return TokenLog(node)
@@ -298,8 +314,8 @@ class BaseRenderer(ABC):
         """One item's segment; ``call_target`` is set for a function_call_output."""
 
     @abstractmethod
-    def _call_target(self, item: FunctionCall) -> str:
-        """The name a function call's output is addressed from (e.g. ``functions.NAME``)."""
+    def _call_target(self, item: FunctionCall | CustomToolCall) -> str:
+        """The name a tool call's output is addressed from (e.g. ``functions.NAME``)."""
 
     @abstractmethod
     def _sampled_flags(self, item: Item) -> int:
@@ -322,14 +338,17 @@ class BaseRenderer(ABC):
         encoded = 0
         for i, item in enumerate(items):
             target: str | None = None
-            if isinstance(item, FunctionCallOutput):
+            if isinstance(item, (HostedItem, ItemReference)):
+                kind = item.type if isinstance(item, HostedItem) else "item_reference"
+                raise UnrenderableItemError(item_index=i, item_type=kind, template=self.template)
+            if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
                 target = calls.get(item.call_id)
                 if target is None:
                     target = find_call(node, item.call_id)
                 if target is None:
                     raise UnknownCallError(item_index=i, call_id=item.call_id)
             r = self._render_item(item, i, target)
-            if isinstance(item, FunctionCall):
+            if isinstance(item, (FunctionCall, CustomToolCall)):
                 r = r._replace(call_target=self._call_target(item))
                 calls[item.call_id] = r.call_target  # type: ignore[assignment]
             encoded += len(r.seg)
@@ -366,7 +385,7 @@ class BaseRenderer(ABC):
         if not self._sampled_is_transcript(pieces):
             self._stats.sampled_rejected += 1
             return None
-        targets = [self._call_target(it) if isinstance(it, FunctionCall) else None for it in items]
+        targets = [self._call_target(it) if isinstance(it, (FunctionCall, CustomToolCall)) else None for it in items]
         self._stats.items_sampled += len(items)
         if len(pieces) == len(items):
             pieces[-1] = self._finish_sampled(pieces[-1], items[-1])

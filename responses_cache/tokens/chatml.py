@@ -6,8 +6,14 @@ message (any role)         ``<|im_start|>{role}\\n{text}<|im_end|>\\n``
 reasoning                  ``<|im_start|>assistant\\n<think>\\n{text}\\n</think><|im_end|>\\n``
 function_call              ``<|im_start|>assistant\\n<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call><|im_end|>\\n``
 function_call_output       ``<|im_start|>tool\\n<tool_response>\\n{output}\\n</tool_response><|im_end|>\\n``
+custom tool                ``{"type": "custom", "custom": {"name": …, "description": …}}`` in ``<tools>``
+                           (the description ends with the input format, as in harmony)
+custom_tool_call           ``<|im_start|>assistant\\n<tool_call>\\n{"name": …, "input": "<text as a JSON string>"}\\n</tool_call><|im_end|>\\n``
+custom_tool_call_output    as a function_call_output
 generation prompt          ``<|im_start|>assistant\\n``
 =========================  ===============================================================
+
+Hosted-tool items (``web_search_call``…) have no ChatML form; they are refused (400).
 
 The role line and the body of a message are encoded separately (so the generation prompt is a
 prefix of the rendered reply); every piece of text goes through ``encode_ordinary``. ChatML
@@ -19,9 +25,17 @@ from __future__ import annotations
 import json
 from array import array
 
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
-from ..protocol.tools import FunctionTool, NamespaceTool, ToolSet
-from .base import BaseRenderer, Rendered, item_texts, reasoning_texts
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+)
+from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
+from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
 from .log import ANALYSIS, ASSISTANT, FINAL
 from .vocab import CHATML_SPECIALS, load_chatml_encoding
 
@@ -86,6 +100,10 @@ class ChatMLRenderer(BaseRenderer):
         """The ``# Tools`` block (one JSON signature per line), or None without function tools."""
         lines: list[str] = []
         for tool in tools.tools:
+            if isinstance(tool, CustomTool):
+                custom = {"name": tool.name, "description": custom_tool_description(tool)}
+                lines.append(json.dumps({"type": "custom", "custom": custom}, ensure_ascii=False))
+                continue
             fns: list[tuple[str | None, FunctionTool]] = []
             if isinstance(tool, FunctionTool):
                 fns.append((None, tool))
@@ -108,7 +126,7 @@ class ChatMLRenderer(BaseRenderer):
             return array("I")
         return self._message("system", "\n\n".join(parts))
 
-    def _call_target(self, item: FunctionCall) -> str:
+    def _call_target(self, item: FunctionCall | CustomToolCall) -> str:
         return self._qualified(item.namespace, item.name)
 
     def _render_item(self, item: Item, index: int, call_target: str | None) -> Rendered:
@@ -122,7 +140,13 @@ class ChatMLRenderer(BaseRenderer):
                 f'"arguments": {item.arguments or "{}"}}}\n</tool_call>'
             )
             return Rendered(self._message("assistant", body), ASSISTANT)
-        if isinstance(item, FunctionCallOutput):
+        if isinstance(item, CustomToolCall):
+            body = (
+                f'<tool_call>\n{{"name": {json.dumps(self._call_target(item), ensure_ascii=False)}, '
+                f'"input": {json.dumps(item.input, ensure_ascii=False)}}}\n</tool_call>'
+            )
+            return Rendered(self._message("assistant", body), ASSISTANT)
+        if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             text = "".join(item_texts(item.output, index, "output"))
             body = f"<tool_response>\n{text}\n</tool_response>"
             return Rendered(self._message("tool", body), 0)

@@ -48,3 +48,16 @@ class UnknownCallError(RenderError):
             param="call_id",
         )
         self.call_id = call_id
+
+
+class UnrenderableItemError(RenderError):
+    """An input item the template has no representation for (a hosted tool's item, say)."""
+
+    def __init__(self, *, item_index: int, item_type: str, template: str) -> None:
+        super().__init__(
+            f"Input items of type '{item_type}' cannot be used with this model: the {template} "
+            "template has no representation for them, and this server does not run that tool.",
+            item_index=item_index,
+            param="type",
+        )
+        self.item_type = item_type

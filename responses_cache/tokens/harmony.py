@@ -14,7 +14,14 @@ function_call              ``<|start|>assistant to={ns}.{name}<|channel|>comment
                            ``namespace``, else ``functions``)
 function_call_output       ``<|start|>{ns}.{name} to=assistant<|channel|>commentary<|message|>
                            {output}<|end|>`` (name from the matching call)
+custom tool                declared in ``functions`` as ``type {name} = (_: string) => any;``,
+                           its description followed by the input format (``custom_tool_description``)
+custom_tool_call           ``<|start|>assistant to=functions.{name}<|channel|>commentary<|message|>
+                           {input}<|call|>`` (no ``<|constrain|>``: the input is plain text)
+custom_tool_call_output    as a function_call_output
 =========================  ===============================================================
+
+Hosted-tool items (``web_search_call``…) have no harmony form; they are refused (400).
 
 With ``auto_drop_analysis`` (the default, like openai-harmony), analysis messages before the first
 ``final`` message are hidden whenever the last assistant message is ``final``.
@@ -26,9 +33,17 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
-from ..protocol.tools import FunctionTool, NamespaceTool, ToolSet
-from .base import BaseRenderer, Rendered, item_texts, reasoning_texts
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+)
+from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
+from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
 from .log import ANALYSIS, ASSISTANT, FINAL, Facts
 from .tsschema import tools_section
 from .vocab import load_encoding
@@ -182,6 +197,8 @@ class HarmonyRenderer(BaseRenderer):
                 add("functions", None, [tool])
             elif isinstance(tool, NamespaceTool):
                 add(tool.name, tool.description, list(tool.tools))
+            elif isinstance(tool, CustomTool):
+                add("functions", None, [FunctionTool(tool.name, _FREEFORM, custom_tool_description(tool))])
         return [(name, spaces[name][0][0], spaces[name][1]) for name in sorted(spaces)]
 
     def developer_text(self, instructions: str | None, tools: ToolSet) -> str | None:
@@ -203,7 +220,7 @@ class HarmonyRenderer(BaseRenderer):
             out.extend(self._message_tokens(self._piece("developer"), [developer]))
         return out
 
-    def _call_target(self, item: FunctionCall) -> str:
+    def _call_target(self, item: FunctionCall | CustomToolCall) -> str:
         return f"{item.namespace or 'functions'}.{item.name}"
 
     def _render_item(self, item: Item, index: int, call_target: str | None) -> Rendered:
@@ -225,7 +242,16 @@ class HarmonyRenderer(BaseRenderer):
                 end=self._call,
             )
             return Rendered(seg, ASSISTANT)
-        if isinstance(item, FunctionCallOutput):
+        if isinstance(item, CustomToolCall):
+            seg = self._message_tokens(
+                self._piece("assistant"),
+                [item.input],
+                recipient=self._call_target(item),
+                channel="commentary",
+                end=self._call,
+            )
+            return Rendered(seg, ASSISTANT)
+        if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             assert call_target is not None
             texts = item_texts(item.output, index, "output")
             seg = self._message_tokens(
@@ -257,5 +283,10 @@ class HarmonyRenderer(BaseRenderer):
         if seg and seg[-1] == self._return:
             seg[-1] = self._end
         elif not seg or seg[-1] not in (self._end, self._call):
-            seg.append(self._call if isinstance(item, FunctionCall) else self._end)
+            seg.append(self._call if isinstance(item, (FunctionCall, CustomToolCall)) else self._end)
         return seg
+
+
+#: The parameter schema a custom tool is declared with: one string, ``(_: string) => any``.
+_FREEFORM: dict[str, Any] = {"type": "string"}
+

@@ -160,8 +160,17 @@ def test_bad_inputs_get_the_openai_envelope(live_server_factory: Any) -> None:
     _assert_error(_post(server, {"model": 5}), 400, "invalid_type", "model")
     _assert_error(_post(server, {"input": "hi"}), 400, "missing_required_parameter", "model")
     _assert_error(
-        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x"}]}),
+        _post(server, {"model": "sim-1", "input": [{"type": "teleport_call", "call_id": "x"}]}),
         400, "invalid_value", "input[0].type",
+    )
+    # A hosted tool's item is accepted, but the harmony template cannot show it to the model.
+    _assert_error(
+        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x", "output": {}}]}),
+        400, "unsupported_value", "input[0].type",
+    )
+    _assert_error(
+        _post(server, {"model": "sim-1", "input": [{"type": "computer_call_output", "call_id": "x"}]}),
+        400, "missing_required_parameter", "input[0].output",
     )
     _assert_error(
         _post(server, {"model": "sim-1", "input": [{"type": "function_call_output", "output": "x"}]}),

@@ -107,3 +107,40 @@ def test_upgrade_is_authorized_by_the_app_and_http_passes_through(live_server_fa
     r = httpx.get(f"{server.http_url}/models", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "foreign-1"
     assert received == []
+
+
+WEB_SEARCH = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "weather", "sources": None}, "extra": [1, 2.50, "é"]}
+
+
+def test_hosted_items_and_unknown_references_reach_the_app_as_sent(live_server_factory: Any) -> None:
+    """The bridged app may run hosted tools and keeps its own store: hosted-tool items go to it
+    byte for byte, and a reference the connection cannot resolve goes to it unresolved."""
+    inner, received = foreign_app()
+    server = live_server_factory(WebSocketMode(inner))
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, max_size=None) as ws:
+        raw = '{"type":"response.create","model":"foreign-1","store":false,"input":[' + json.dumps(WEB_SEARCH) + "]}"
+        ws.send(raw)
+        first = json.loads(ws.recv())
+        while first["type"] not in ("response.completed", "response.failed", "error"):
+            first = json.loads(ws.recv())
+        assert first["type"] == "response.completed", first
+        second = _turn(
+            ws, store=False, previous_response_id=first["response"]["id"],
+            input=[{"type": "item_reference", "id": "ws_1"}, {"type": "item_reference", "id": "msg_elsewhere"}],
+        )
+        assert second["type"] == "response.completed", second
+    assert received[0]["input"] == [WEB_SEARCH]
+    # The earlier hosted item resolved on the connection; the unknown one is the app's to resolve.
+    assert received[1]["input"][0] == WEB_SEARCH and received[1]["input"][2] == WEB_SEARCH
+    assert received[1]["input"][3] == {"type": "item_reference", "id": "msg_elsewhere"}
+
+
+def test_the_apps_custom_tool_calls_come_through() -> None:
+    from responses_cache.backends.base import ToolCallDelta, ToolCallStart
+    from responses_cache.bridge import _translate
+
+    added = {"type": "response.output_item.added", "output_index": 0,
+             "item": {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch", "input": ""}}
+    assert _translate(added) == [ToolCallStart(name="apply_patch", call_id="call_1", custom=True)]
+    delta = {"type": "response.custom_tool_call_input.delta", "item_id": "ctc_1", "output_index": 0, "delta": "*** Begin"}
+    assert _translate(delta) == [ToolCallDelta("*** Begin")]

@@ -9,6 +9,8 @@ import msgspec
 from hypothesis import strategies as st
 
 from responses_cache.protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     InputText,
@@ -154,8 +156,9 @@ def _function(draw: st.DrawFn, name: str) -> dict[str, Any]:
 
 
 @st.composite
-def tool_sets(draw: st.DrawFn, *, with_schemas: bool = True) -> ToolSet:
-    """A parsed tool list: top-level functions, namespaces, sometimes a hosted tool."""
+def tool_sets(draw: st.DrawFn, *, with_schemas: bool = True, custom: bool = False) -> ToolSet:
+    """A parsed tool list: top-level functions, namespaces, sometimes a hosted tool (and, with
+    ``custom``, sometimes custom tools)."""
     raw: list[dict[str, Any]] = []
     for name in draw(st.lists(names, max_size=3, unique=True)):
         raw.append(draw(_function(name)) if with_schemas else {"type": "function", "name": name})
@@ -171,6 +174,10 @@ def tool_sets(draw: st.DrawFn, *, with_schemas: bool = True) -> ToolSet:
         raw.append(entry)
     if draw(st.booleans()):
         raw.append({"type": "web_search"})
+    if custom:
+        for name in draw(st.lists(st.sampled_from(["apply_patch", "sql"]), max_size=2, unique=True)):
+            fmt = draw(st.sampled_from([None, {"type": "text"}, {"type": "grammar", "syntax": "lark", "definition": 'start: "x"'}]))
+            raw.append({"type": "custom", "name": name, "description": draw(texts), **({"format": fmt} if fmt else {})})
     return parse_tools(msgspec.json.encode(raw))
 
 
@@ -186,15 +193,20 @@ def _parts(draw: st.DrawFn, assistant: bool) -> str | list[Any]:
 
 
 @st.composite
-def items_(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 14) -> list[Item]:
-    """A conversation: messages of every role, reasoning, calls and outputs for earlier calls."""
+def items_(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 14, custom: bool = False) -> list[Item]:
+    """A conversation: messages of every role, reasoning, calls and outputs for earlier calls
+    (with ``custom``, custom tool calls and their outputs too)."""
     n = draw(st.integers(min_value=min_size, max_value=max_size))
     out: list[Item] = []
     calls: list[str] = []
     for k in range(n):
         kinds = ["user", "assistant", "reasoning", "call", "system", "developer"]
+        if custom:
+            kinds.append("custom")
         if calls:
             kinds += ["output", "output"]
+        if custom and calls:
+            kinds.append("custom_output")
         kind = draw(st.sampled_from(kinds))
         if kind in ("user", "system", "developer"):
             out.append(Message(role=kind, content=_parts(draw, assistant=False)))  # type: ignore[arg-type]
@@ -220,6 +232,13 @@ def items_(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 14) -> list[It
                 FunctionCall(call_id=call_id, name=draw(names), arguments=draw(texts), namespace=ns)
             )
             calls.append(call_id)
+        elif kind == "custom":
+            call_id = f"ccall_{k}"
+            out.append(CustomToolCall(call_id=call_id, name=draw(names), input=draw(texts)))
+            calls.append(call_id)
+        elif kind == "custom_output":
+            call_id = draw(st.sampled_from(calls))
+            out.append(CustomToolCallOutput(call_id=call_id, output=_parts(draw, assistant=False)))
         else:
             call_id = draw(st.sampled_from(calls))
             out.append(FunctionCallOutput(call_id=call_id, output=_parts(draw, assistant=False)))

@@ -41,9 +41,9 @@ def full(r: BaseRenderer, instr: str | None, tools: ToolSet, items: Sequence[Ite
 @given(data=st.data())
 def test_turn_by_turn_equals_full(renderer: BaseRenderer, data: st.DataObject) -> None:
     r = renderer
-    tools = data.draw(tool_sets(with_schemas=False))
+    tools = data.draw(tool_sets(with_schemas=False, custom=True))
     instr = data.draw(instructions)
-    items = data.draw(items_())
+    items = data.draw(items_(custom=True))
     log = r.begin(instr, tools)
     assert_same(r, log, full(r, instr, tools, []))
     prev = 0
@@ -60,11 +60,11 @@ def test_turn_by_turn_equals_full(renderer: BaseRenderer, data: st.DataObject) -
 @given(data=st.data())
 def test_forks_and_rewinds(renderer: BaseRenderer, data: st.DataObject) -> None:
     r = renderer
-    tools = data.draw(tool_sets(with_schemas=False))
+    tools = data.draw(tool_sets(with_schemas=False, custom=True))
     instr = data.draw(instructions)
-    prefix = data.draw(items_(max_size=8))
-    cont_a = data.draw(items_(max_size=6))
-    cont_b = data.draw(items_(max_size=6))
+    prefix = data.draw(items_(max_size=8, custom=True))
+    cont_a = data.draw(items_(max_size=6, custom=True))
+    cont_b = data.draw(items_(max_size=6, custom=True))
     base = r.extend(r.begin(instr, tools), prefix[: len(prefix) // 2])
     base = r.extend(base, prefix[len(prefix) // 2 :])
     base_tokens = base.tokens()
@@ -90,8 +90,8 @@ def test_forks_and_rewinds(renderer: BaseRenderer, data: st.DataObject) -> None:
 def test_single_item_turns(renderer: BaseRenderer, data: st.DataObject) -> None:
     """The agent-loop shape: one item per turn, every intermediate prompt checked."""
     r = renderer
-    tools = data.draw(tool_sets(with_schemas=False))
-    items = data.draw(items_(max_size=10))
+    tools = data.draw(tool_sets(with_schemas=False, custom=True))
+    items = data.draw(items_(max_size=10, custom=True))
     log = r.begin("be brief", tools)
     for i, item in enumerate(items):
         log = r.extend(log, [item])

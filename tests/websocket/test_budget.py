@@ -57,3 +57,17 @@ def test_retain_token_log_false_drops_logs_from_the_cache() -> None:
     session.finished(pending, dataclasses.replace(state("r1"), token_log=log, fingerprint=b"f"))
     cached = session.cache.latest[None]
     assert cached.token_log is None and cached.fingerprint is None
+
+
+def test_referenceable_items_count_in_the_budget_and_go_with_the_cache() -> None:
+    from responses_cache.protocol.items import Message
+
+    budget = CacheBudget(max_bytes=600)
+    a, b = _session_with(100, "a"), _session_with(100, "b")
+    a.items.add("t", [Message(role="assistant", content="x" * 200, id="msg_a")])
+    budget.touch(a)
+    assert budget.total_bytes == 100 + a.items.nbytes > 300
+    b.items.add("t", [Message(role="assistant", content="y" * 200, id="msg_b")])
+    budget.touch(b)  # 2 * (100 + ~290) > 600: a, the least recently used, gives way
+    assert a.cache.latest == {} and a.items.get("t", "msg_a") is None
+    assert b.items.get("t", "msg_b") is not None

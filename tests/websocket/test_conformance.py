@@ -811,7 +811,7 @@ async def test_error_events_have_status_and_full_error_objects(serve: Any) -> No
         for body in (
             {"input": "x", "stream_id": ""},
             {"input": "x", "previous_response_id": "resp_x", "store": False},
-            {"input": [{"type": "image_generation_call"}]},
+            {"input": [{"type": "teleport_call"}]},
             {"input": "x", "temperature": "warm"},
             {"input": "x", "conversation": "conv_1"},
             {"input": "no model", "model": None},

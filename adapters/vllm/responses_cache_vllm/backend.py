@@ -93,7 +93,8 @@ class CompletionsBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         body = self.body(request)
-        parser = parser_for(request.prompt.renderer.name if request.prompt else "")
+        customs = frozenset(tool.name for tool in request.tools.customs())
+        parser = parser_for(request.prompt.renderer.name if request.prompt else "", customs)
         url = self.replica(request.affinity_key).rstrip("/") + "/v1/completions"
         sampled: list[int] | None = []
         usage: dict[str, Any] = {}

@@ -54,10 +54,12 @@ class HarmonyParser:
     commentary to=functions.f <|constrain|>json<|message|>{…}<|call|>`` or ``…final<|message|>…``.
 
     ``analysis`` → reasoning; ``final`` (and commentary without a recipient) → message text;
-    a recipient ``to=NS.NAME`` → a function call (namespace ``NS`` unless it is ``functions``).
+    a recipient ``to=NS.NAME`` → a function call (namespace ``NS`` unless it is ``functions``), or
+    a custom tool call when ``functions.NAME`` names one of ``custom_tools`` (its text is the input).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, custom_tools: frozenset[str] = frozenset()) -> None:
+        self._custom = custom_tools
         self._pending = ""
         self._header = ""
         self._in_content = False
@@ -95,7 +97,9 @@ class HarmonyParser:
         if recipient is not None:
             namespace, _, name = recipient.group(1).rpartition(".")
             self._kind = "call"
-            yield ToolCallStart(name=name or namespace, namespace=None if namespace in ("", "functions") else namespace)
+            name = name or namespace
+            plain = namespace in ("", "functions")
+            yield ToolCallStart(name=name, namespace=None if plain else namespace, custom=plain and name in self._custom)
         elif channel == "analysis":
             self._kind = "reasoning"
         else:
@@ -114,11 +118,13 @@ class HarmonyParser:
 
 class ChatMLParser:
     """ChatML (Hermes/Qwen style): ``<think>…</think>`` → reasoning, ``<tool_call>{"name": …,
-    "arguments": …}</tool_call>`` → a function call, the rest → message text."""
+    "arguments": …}</tool_call>`` → a function call (``{"name": …, "input": "…"}`` naming one of
+    ``custom_tools`` → a custom tool call), the rest → message text."""
 
     _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-    def __init__(self) -> None:
+    def __init__(self, custom_tools: frozenset[str] = frozenset()) -> None:
+        self._custom = custom_tools
         self._specials_pending = ""
         self._pending = ""
         self._mode = "text"  # "text" | "think" | "call"
@@ -171,15 +177,20 @@ class ChatMLParser:
                 except (ValueError, KeyError, TypeError):
                     yield TextDelta(f"<tool_call>{self._call}</tool_call>")  # not a call after all
                 else:
-                    yield ToolCallStart(name=name)
-                    yield ToolCallDelta(arguments if isinstance(arguments, str) else json.dumps(arguments))
+                    if name in self._custom and isinstance(call.get("input"), str):
+                        yield ToolCallStart(name=name, custom=True)
+                        yield ToolCallDelta(call["input"])
+                    else:
+                        yield ToolCallStart(name=name)
+                        yield ToolCallDelta(arguments if isinstance(arguments, str) else json.dumps(arguments))
             self._mode = "text"
 
 
-def parser_for(renderer_name: str) -> OutputParser:
-    """The parser matching the route's prompt template."""
+def parser_for(renderer_name: str, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+    """The parser matching the route's prompt template (``custom_tools``: the request's custom
+    tools, whose calls carry plain-text input)."""
     if renderer_name.startswith("harmony"):
-        return HarmonyParser()
+        return HarmonyParser(custom_tools)
     if renderer_name.startswith("chatml"):
-        return ChatMLParser()
+        return ChatMLParser(custom_tools)
     raise ValueError(f"no output parser for the renderer {renderer_name!r}")

@@ -76,3 +76,25 @@ def test_any_chunking_gives_the_same_events(data: st.DataObject) -> None:
         cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=12)))
         chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         assert _run(parser_type, chunks) == _run(parser_type, [text])
+
+
+def test_custom_tool_calls_round_trip_through_both_templates() -> None:
+    """What a template renders for a custom tool call parses back to that call (plain-text input)."""
+    from responses_cache_vllm import parser_for
+
+    from responses_cache.protocol.items import CustomToolCall
+    from responses_cache.protocol.tools import EMPTY_TOOLS
+    from responses_cache.tokens import get_renderer
+
+    patch = '*** Begin Patch\n+say "hi" {not json}\n*** End Patch'
+    call = CustomToolCall(call_id="c", name="apply_patch", input=patch)
+    for template in ("harmony", "chatml"):
+        renderer = get_renderer(template)
+        ids = renderer.extend(renderer.begin(None, EMPTY_TOOLS), [call]).item_tokens(0)
+        sampled = renderer.decode(ids[len(renderer.generation_prompt) :])
+        parser = parser_for(renderer.name, frozenset({"apply_patch"}))
+        events = [*parser.feed(sampled), *parser.close()]
+        assert events[0] == ToolCallStart(name="apply_patch", custom=True), template
+        assert "".join(e.arguments for e in events[1:] if isinstance(e, ToolCallDelta)) == patch
+        plain = parser_for(renderer.name)  # not declared custom: an ordinary function call
+        assert next(iter([*plain.feed(sampled), *plain.close()])) == ToolCallStart(name="apply_patch")
