@@ -24,8 +24,9 @@ from typing import Any
 
 import msgspec
 
+from .protocol.codec import encode as encode_json
 from .protocol.errors import ResponsesError
-from .protocol.items import Item
+from .protocol.request import decode_input
 from .protocol.response import Response
 from .store import MAX_CHAIN, StoredResponse
 from .tokens.snapshot import LogDelta
@@ -49,7 +50,9 @@ class StoreUnavailable(ResponsesError):
 
 class _Record(msgspec.Struct, array_like=True):
     response: Response
-    input_items: list[Item]
+    #: The input items as the JSON array the client sent (hosted-tool items kept byte for byte),
+    #: read back with the request decoder.
+    input_items: bytes
     instructions: str | None
     tools: bytes
 
@@ -146,7 +149,8 @@ class RedisResponseStore:
 
     async def put(self, stored: StoredResponse) -> None:
         response = msgspec.structs.replace(stored.response, tools=[])  # tools travel once, as bytes
-        data = _encode(_Record(response, list(stored.input_items), stored.instructions, stored.tools_json))
+        items = encode_json(list(stored.input_items))
+        data = _encode(_Record(response, items, stored.instructions, stored.tools_json))
         if len(data) > self.max_record_bytes:
             self.oversized_records += 1
             logger.warning("response %s not stored: %d bytes > max_record_bytes", stored.id, len(data))
@@ -206,7 +210,8 @@ class RedisResponseStore:
         version, or damaged): as good as missing. An unreadable snapshot is left out."""
         try:
             record = _record.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            items = decode_input(record.input_items)
+        except (msgspec.DecodeError, msgspec.ValidationError, ResponsesError):
             self.unreadable += 1
             logger.error("an unreadable record in the Redis store (tenant %r)", tenant)
             return None
@@ -217,4 +222,4 @@ class RedisResponseStore:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 self.unreadable += 1
         response = msgspec.structs.replace(record.response, tools=msgspec.Raw(record.tools))
-        return StoredResponse(tenant, response, tuple(record.input_items), record.instructions, record.tools, delta)
+        return StoredResponse(tenant, response, tuple(items), record.instructions, record.tools, delta)

@@ -6,7 +6,7 @@ nodes and token-log segments, so a fork or a continuation never copies the histo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +56,7 @@ class ResponseState:
         return self.response.store
 
 
-def open_calls_after(previous: Mapping[str, str], items: tuple[Item, ...] | list[Item]) -> dict[str, str]:
+def open_calls_after(previous: Mapping[str, str], items: Sequence[Item]) -> dict[str, str]:
     """Calls still unanswered after ``items`` (O(len(items)), carried from the parent)."""
     calls = dict(previous)
     for item in items:

@@ -21,6 +21,7 @@ from ..protocol.items import (
     OutputText,
     Reasoning,
     ReasoningText,
+    WireItem,
 )
 
 Emit = Callable[[ev.Event], Awaitable[None]]
@@ -31,7 +32,7 @@ class OutputBuilder:
         self._emit = emit
         self._stream_id = stream_id
         self._seq = 0
-        self.output: list[Item] = []
+        self.output: list[WireItem] = []
         self.output_tokens = 0
         self.reasoning_tokens = 0
         self._kind: Literal["message", "function_call", "custom_tool_call", "reasoning"] | None = None

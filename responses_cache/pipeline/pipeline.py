@@ -24,7 +24,7 @@ from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
-from ..protocol.items import Item
+from ..protocol.items import Item, WireItem
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..references import ItemIndex
 from ..routing import Route
@@ -311,7 +311,7 @@ class Pipeline:
         turn: Turn,
         *,
         status: Any,
-        output: list[Item],
+        output: list[WireItem],
         usage: Usage | None = None,
         error: ResponseErrorInfo | None = None,
         incomplete: IncompleteDetails | None = None,

@@ -69,7 +69,7 @@ def render(
 
 
 def extend_with_output(
-    renderer: Renderer, log: TokenLog, output: list[Item], sampled: Sequence[int] | None
+    renderer: Renderer, log: TokenLog, output: Sequence[Item], sampled: Sequence[int] | None
 ) -> TokenLog:
     """Append the assistant's output (as sampled ids when the engine gave them all)."""
     if not output:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .items import Item
+from .items import WireItem
 
 Status = Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
 
@@ -55,7 +55,7 @@ class Response(msgspec.Struct, kw_only=True):
     created_at: int
     status: Status
     model: str
-    output: list[Item]
+    output: list[WireItem]
     tools: msgspec.Raw | list[Any]
     tool_choice: str | dict[str, Any]
     parallel_tool_calls: bool
