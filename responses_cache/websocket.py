@@ -260,7 +260,7 @@ class _Connection:
         finally:
             if not self.closed:
                 self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
-                self.session.finished(pending, state)
+                self.session.finished(pending, state, time.monotonic())
                 if self.mode.budget is not None:
                     self.mode.budget.touch(self.session)
                 self.session.tick(time.monotonic())
@@ -271,7 +271,7 @@ class _Connection:
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
-        parent = session.resolve(pending)
+        parent = session.resolve(pending, time.monotonic())
         wanted = pending.request.previous_response_id
         if wanted is not None:
             metrics.inc("incremental_sends_total", labels)

@@ -1,0 +1,75 @@
+"""The one definition of "renders the same": :func:`render_key`.
+
+Two items with equal render keys render to the same tokens under every renderer of this package
+(given equal items before them). The key is built generically from *every* field of the item
+except the few that no renderer reads, so a field added to an item type is part of the key
+without anyone having to remember it; only these normalizations are made:
+
+* ``id`` and ``status`` are left out (no template renders them);
+* a text content part is its text: ``"hi"``, ``[input_text "hi"]`` and ``[output_text "hi"]``
+  (whatever its ``annotations`` and ``logprobs``) are the same single part. Part *boundaries*
+  are kept: ``["hello wor", "ld"]`` is not ``"hello world"`` (harmony encodes each part on its
+  own).
+
+Everything else (role, ``phase``, call ids, names, namespaces, argument bytes, each reasoning
+encoding — ``content``, ``summary``, ``encrypted_content`` — media parts, and any field of an
+item type this module does not know) is compared as sent. The key is deliberately on the safe
+side: equal keys imply equal tokens; unequal keys may still render alike (a ``refusal`` part and
+a text part, say), which only costs a re-render.
+
+Used by the connection cache's full-input matcher (how far a resend equals the cached
+conversation), by :mod:`responses_cache.testing` (``item_identity``) and by the fidelity tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import msgspec
+
+from ..protocol.items import InputText, Item, OutputText
+
+#: Item fields no renderer reads.
+IGNORED_FIELDS: frozenset[str] = frozenset({"id", "status"})
+#: Fields that hold ``str | list[ContentPart]`` (a string is one text part).
+_CONTENT_FIELDS = frozenset({"content", "output"})
+_TEXT = "text"
+
+
+def render_key(item: Item) -> tuple[Hashable, ...]:
+    """What a renderer consumes of ``item``, as a hashable tuple (see the module docstring)."""
+    out: list[Hashable] = [_tag(item)]
+    for name in item.__struct_fields__:
+        if name in IGNORED_FIELDS:
+            continue
+        value = getattr(item, name)
+        if name in _CONTENT_FIELDS and isinstance(value, str):
+            out.append(((_TEXT, value),))
+        else:
+            out.append(_value(value))
+    return tuple(out)
+
+
+def renders_same(a: Item, b: Item) -> bool:
+    """True when ``a`` and ``b`` have equal render keys (so they render to the same tokens)."""
+    return a is b or render_key(a) == render_key(b)
+
+
+def _tag(struct: msgspec.Struct) -> Hashable:
+    tag: Hashable = struct.__struct_config__.tag
+    return tag if tag is not None else type(struct).__name__
+
+
+def _value(value: Any) -> Hashable:
+    if isinstance(value, (InputText, OutputText)):
+        return (_TEXT, value.text)  # annotations and logprobs are never rendered
+    if isinstance(value, msgspec.Struct):
+        return (_tag(value), *(_value(getattr(value, f)) for f in value.__struct_fields__))
+    if isinstance(value, (list, tuple)):
+        return tuple(_value(v) for v in value)
+    if isinstance(value, dict):
+        return msgspec.json.encode(value)
+    if isinstance(value, msgspec.Raw):
+        return bytes(value)
+    return value  # type: ignore[no-any-return]
