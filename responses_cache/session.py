@@ -26,7 +26,7 @@ from .protocol.errors import (
 from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_create
 from .state import ResponseState, rebased
-from .tokens.key import render_key
+from .tokens.key import reusable_prefix
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _IGNORED = frozenset({"response.processed", "response.append"})
@@ -279,21 +279,10 @@ class Session:
         request = pending.request
         if state.instructions != request.instructions or state.tools.fingerprint != tools_fingerprint:
             return None
-        count = 0  # leading items that render the same
-        identical = 0  # leading items equal field for field (their cached nodes can be shared)
-        for mine, theirs in zip(state.conversation.items(), items, strict=False):
-            if mine is theirs or mine == theirs:
-                if identical == count:
-                    identical += 1
-            elif render_key(mine) != render_key(theirs):
-                break
-            count += 1
-        log = state.token_log
-        while log is not None and count > 0 and not log.splits_at(count):
-            count -= 1  # never cut inside an unsplittable sampled turn
+        count, identical = reusable_prefix(state.conversation.items(), items, state.token_log)
         if count == 0:
             return None
-        return rebased(state, items, count, min(identical, count)), count
+        return rebased(state, items, count, identical), count
 
     def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
         """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed

@@ -17,18 +17,21 @@ item type this module does not know) is compared as sent. The key is deliberatel
 side: equal keys imply equal tokens; unequal keys may still render alike (a ``refusal`` part and
 a text part, say), which only costs a re-render.
 
-Used by the connection cache's full-input matcher (how far a resend equals the cached
-conversation), by :mod:`responses_cache.testing` (``item_identity``) and by the fidelity tests.
+Used by the connection cache's full-input matcher (:func:`reusable_prefix`: how far a resend
+equals the cached conversation), by :mod:`responses_cache.testing` (``item_identity``) and by the fidelity tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ..protocol.items import InputText, Item, OutputText
+
+if TYPE_CHECKING:
+    from .log import TokenLog
 
 #: Item fields no renderer reads.
 IGNORED_FIELDS: frozenset[str] = frozenset({"id", "status"})
@@ -54,6 +57,25 @@ def render_key(item: Item) -> tuple[Hashable, ...]:
 def renders_same(a: Item, b: Item) -> bool:
     """True when ``a`` and ``b`` have equal render keys (so they render to the same tokens)."""
     return a is b or render_key(a) == render_key(b)
+
+
+def reusable_prefix(cached: Iterable[Item], items: Sequence[Item], log: TokenLog | None) -> tuple[int, int]:
+    """How much of a cached conversation (rendered as ``log``, if any) a resent input reuses:
+    ``(count, identical)``. ``count``: leading items of ``items`` that render exactly like the
+    cached ones, stopping at the first that does not and never cutting inside an unsplittable
+    sampled turn of ``log``; ``identical`` (≤ ``count``): how many of them are equal to the cached
+    items field for field (ids and statuses too)."""
+    count = identical = 0
+    for mine, theirs in zip(cached, items, strict=False):
+        if mine is theirs or mine == theirs:
+            if identical == count:
+                identical += 1
+        elif render_key(mine) != render_key(theirs):
+            break
+        count += 1
+    while log is not None and count > 0 and not log.splits_at(count):
+        count -= 1
+    return count, min(identical, count)
 
 
 def _tag(struct: msgspec.Struct) -> Hashable:
