@@ -18,13 +18,15 @@ import json
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
-from backends import RecordingBackend
+from backends import RecordingBackend, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wsclient import MODEL, RENDERER, WS, function_tool, ws_connect
 
 from responses_cache.protocol.request import decode_input
+from responses_cache.session import SessionConfig
 from responses_cache.tokens.key import render_key
 
 pytestmark = pytest.mark.skipif(RENDERER is None, reason="needs the bundled harmony vocabulary")
@@ -84,9 +86,10 @@ def vary(items: Items, data: st.DataObject) -> tuple[Items, bool]:
         item = out[index]
         kind = item.get("type")
         what = data.draw(st.sampled_from(["ids", "string", "phase", "split", "join", "space", "call_id", "args", "reasoning"]), label="what")
-        if what == "ids":  # invisible: ids and statuses
-            item.pop("id", None)
-            item.pop("status", None)
+        if what == "ids":  # invisible: ids and statuses (a client that rebuilds its items)
+            for each in out:
+                each.pop("id", None)
+                each.pop("status", None)
         elif what == "string" and kind == "message" and len(item["content"]) == 1 and not isinstance(item["content"], str):
             item["content"] = item["content"][0]["text"]  # invisible: one text part as a string
         elif what == "phase" and kind == "message" and item["role"] == "assistant":
@@ -161,7 +164,7 @@ class Script:
         #: response id → the conversation the client holds after it (what it sent + the output)
         self.history: dict[str, Items] = {}
         self.latest: dict[str | None, str] = {}  # lane → latest response on this connection
-        self.stored: list[str] = []
+        self.stored: set[str] = set()  # responses whose whole chain is stored
 
     async def run(self, script: list[tuple[Any, ...]]) -> None:
         self.ws_cm = ws_connect(self.server.ws_url)
@@ -189,12 +192,14 @@ class Script:
             conversation = sent
         elif kind == "resend":
             base_id = self.latest.get(lane) if transport == "websocket" else None
-            base = self.history[base_id or self.data.draw(st.sampled_from(sorted(self.history)), label="base")]
+            base = self.history[base_id or self.data.draw(st.sampled_from(list(self.history)), label="base")]
             varied, visible = vary(base, self.data)
             cache_expected = base_id is not None and not visible
             sent = conversation = [*varied, *new_items(varied, text)]
         else:  # continue / fork: from a parent this transport can reach
-            parents = sorted(self.stored) if transport == "http" else sorted(set(self.latest.values()) | set(self.stored))
+            # (in the order they were created: response ids are random, the script must not be)
+            cached = set(self.latest.values())
+            parents = [r for r in self.history if r in self.stored or (transport == "websocket" and r in cached)]
             if kind == "continue" and transport == "websocket" and lane in self.latest:
                 parents = [self.latest[lane]]
             if not parents:
@@ -221,9 +226,12 @@ class Script:
             assert reply.status_code == 200, reply.text
             response = reply.json()
         self.history[response["id"]] = [*conversation, *response["output"]]
-        if store:
-            self.stored.append(response["id"])
+        if store and (previous is None or previous in self.stored):
+            self.stored.add(response["id"])  # hydratable: its whole chain is stored
         self.check(tag, conversation, response)
+        if store:  # what is stored (and hydrated later) is what the client sent, not the cache's shapes
+            stored = await self.server.app.state.service.store.get("default", response["id"])
+            assert msgspec.json.encode(list(stored.input_items)) == msgspec.json.encode(decode_input(json.dumps(sent).encode()))
         if cache_expected:  # nothing the renderer sees changed: the whole prefix came from the cache
             assert self.server.app.state.metrics.total("full_input_reuse_total") > reuses
             assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
@@ -244,3 +252,90 @@ class Script:
             )
         assert call.identities() == [render_key(i) for i in items]
         assert response["usage"]["input_tokens"] == len(expected)
+
+
+# -- the three cases the property test was written for, spelled out -----------------------------------
+
+
+async def _turn(ws: WS, backend: RecordingBackend, items: Items, **body: Any) -> tuple[dict[str, Any], list[int], list[int]]:
+    """Send ``items`` whole; returns (response, prompt the engine got, a fresh full render of it)."""
+    tag = f"e{next(_tags)}"
+    response = await ws.ok(input=items, instructions=INSTRUCTIONS, tools=TOOLS, metadata={"tag": tag}, **body)
+    prompt = backend.by_tag(tag).request.prompt
+    assert prompt is not None
+    r = prompt.renderer
+    fresh = r.prompt(r.render_full(INSTRUCTIONS, backend.by_tag(tag).request.tools, decode_input(json.dumps(items).encode())))
+    return response, list(prompt.tokens()), list(fresh)
+
+
+async def test_a_phase_added_on_resend_is_rendered(serve: Any, backend: RecordingBackend) -> None:
+    """Adding ``phase: "commentary"`` to an earlier assistant message changes its channel, and with
+    no final message left the earlier analysis is shown again: the resend is re-rendered from there."""
+    server = serve()
+    async with ws_connect(server.ws_url) as ws:
+        first = [user("q"), PRELUDE[1], {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A."}]}]
+        response, got, fresh = await _turn(ws, backend, [*first, user("next")])
+        assert got == fresh
+        history = [*first, user("next"), *response["output"]]
+        history[2] = {**history[2], "phase": "commentary"}
+        history[-1] = {**history[-1], "phase": "commentary"}
+        _, got, fresh = await _turn(ws, backend, [*history, user("again")])
+        assert got == fresh and "think it over" in backend.calls[-1].request.prompt.renderer.decode(got)  # type: ignore[union-attr]
+    assert server.app.state.metrics.total("full_input_reuse_total") == 1  # the prefix before it was reused
+
+
+async def test_content_part_boundaries_on_resend_are_rendered_and_stored(serve: Any, backend: RecordingBackend) -> None:
+    """``["hello wor", "ld"]`` is not ``"hello world"`` (either way round), and a ``store: true``
+    resend stores the client's items, so a later continuation (cached or hydrated) keeps them."""
+    server = serve()
+    store = server.app.state.service.store
+    async with ws_connect(server.ws_url) as ws:
+        response, got, fresh = await _turn(ws, backend, [user("start"), user("hello world")])
+        assert got == fresh
+        split = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello wor"}, {"type": "input_text", "text": "ld"}]}
+        resent = [user("start"), split, *[{k: v for k, v in i.items() if k not in ("id", "status")} for i in response["output"]], user("more")]
+        second, got, fresh = await _turn(ws, backend, resent)
+        assert got == fresh
+        stored = await store.get("default", second["id"])
+        assert msgspec.json.encode(list(stored.input_items)) == msgspec.json.encode(decode_input(json.dumps(resent).encode()))
+        # render-equal but not identical (no ids, a string for one text part): reused whole, and
+        # still stored as sent
+        plain = [*resent, *[{k: v for k, v in i.items() if k not in ("id", "status")} for i in second["output"]], user("go")]
+        plain[0] = {"type": "message", "role": "user", "content": "start"}
+        reuses = server.app.state.metrics.total("full_input_reuse_total")
+        third, got, fresh = await _turn(ws, backend, plain)
+        assert got == fresh and server.app.state.metrics.total("full_input_reuse_total") == reuses + 1
+        assert third["usage"]["input_tokens_details"]["cached_tokens"] > 0
+        stored = await store.get("default", third["id"])
+        assert msgspec.json.encode(list(stored.input_items)) == msgspec.json.encode(decode_input(json.dumps(plain).encode()))
+        joined = [*resent[:1], user("hello world"), *resent[2:]]
+        _, got, fresh = await _turn(ws, backend, joined, store=False)
+        assert got == fresh
+    async with ws_connect(server.ws_url) as ws:  # hydration of the stored resend
+        tag = f"e{next(_tags)}"
+        await ws.ok(input=[user("after reconnect")], previous_response_id=second["id"], instructions=INSTRUCTIONS, tools=TOOLS, metadata={"tag": tag})
+        prompt = backend.by_tag(tag).request.prompt
+        assert prompt is not None
+        r = prompt.renderer
+        items = decode_input(json.dumps([*resent, *second["output"], user("after reconnect")]).encode())
+        assert list(prompt.tokens()) == list(r.prompt(r.render_full(INSTRUCTIONS, backend.by_tag(tag).request.tools, items)))
+
+
+async def test_a_fork_sent_with_a_continuation_finds_its_parent(serve: Any, backend: RecordingBackend) -> None:
+    """Lane ``b`` is busy, so a fork from lane ``a``'s latest response starts only after ``a``'s
+    continuation (sent at the same moment) has superseded it: the grace period keeps the parent."""
+    for keep, found in ((8, True), (0, False)):
+        server = serve(session=SessionConfig(superseded_keep=keep))
+        async with ws_connect(server.ws_url) as ws:
+            parent = await ws.ok(input="base", stream_id="a", store=False)
+            await ws.create(input="busy", stream_id="b", store=False, metadata={"gate": f"g{keep}"})
+            await until(lambda k=keep: backend.gates.waiting(f"g{k}"), "lane b to be busy")
+            await ws.create(input="fork", stream_id="b", previous_response_id=parent["id"], store=False)
+            await ws.create(input="next", stream_id="a", previous_response_id=parent["id"], store=False)
+            await ws.finish("a")  # a's continuation completed: the parent is superseded on lane a
+            backend.gates.release(f"g{keep}")
+            await ws.finish("b")
+            events = await ws.finish("b")
+            assert (events[-1]["type"] == "response.completed") is found, events[-1]
+            if not found:
+                assert events[-1]["error"]["code"] == "previous_response_not_found"
