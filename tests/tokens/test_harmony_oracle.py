@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from responses_cache.conversation import EMPTY
 from responses_cache.protocol.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -26,7 +27,6 @@ from responses_cache.protocol.items import (
     ReasoningText,
     Refusal,
 )
-from responses_cache.conversation import EMPTY
 from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, FunctionTool, NamespaceTool, ToolSet

@@ -92,7 +92,7 @@ def test_every_field_but_the_ignored_ones_is_keyed() -> None:
     a, b = Custom(call_id="c", input="x", id="1"), Custom(call_id="c", input="y", id="1")
     assert render_key(a) != render_key(b)  # type: ignore[arg-type]
     assert render_key(a) == render_key(Custom(call_id="c", input="x", id="2"))  # type: ignore[arg-type]
-    assert IGNORED_FIELDS == {"id", "status"}
+    assert {"id", "status"} == IGNORED_FIELDS
     for cls in (Message, FunctionCall, FunctionCallOutput, Reasoning):
         assert {"id", "status"} <= set(cls.__struct_fields__)
 
