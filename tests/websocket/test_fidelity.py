@@ -1,8 +1,9 @@
 """Context fidelity (design invariant 1): whatever path a turn takes through the connection cache —
 warm-up, continuation, fork, eviction, full-input reuse, reconnect and hydration — the backend
 receives exactly the conversation that one request carrying the whole conversation as ``input``
-would give it. Compared item by item on what the model sees (``backends.identity``: roles, text,
-call ids, names, arguments, outputs), ignoring ids and statuses.
+would give it. Compared item by item on what the model sees (``backends.identity``, the package's
+``render_key``: everything a renderer reads), ignoring ids and statuses. Resends that vary what
+the renderer sees are in test_resend_fidelity.py.
 """
 
 from __future__ import annotations
