@@ -271,12 +271,15 @@ class _Connection:
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
+        grace_hits = session.cache.grace_hits
         parent = session.resolve(pending, time.monotonic())
         wanted = pending.request.previous_response_id
         if wanted is not None:
             metrics.inc("incremental_sends_total", labels)
             if parent is not None:
                 metrics.inc("cache_hits_total", labels)
+                if session.cache.grace_hits > grace_hits:
+                    metrics.inc("cache_grace_hits_total", labels)
             else:
                 metrics.inc("cache_misses_total", labels)
                 if pending.request.store and service.delegate_misses:

@@ -337,5 +337,6 @@ async def test_a_fork_sent_with_a_continuation_finds_its_parent(serve: Any, back
             await ws.finish("b")
             events = await ws.finish("b")
             assert (events[-1]["type"] == "response.completed") is found, events[-1]
+            assert server.app.state.metrics.total("cache_grace_hits_total") == int(found)
             if not found:
                 assert events[-1]["error"]["code"] == "previous_response_not_found"
