@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from .conversation import Conversation
 from .protocol import events as ev
 from .protocol.errors import (
     ErrorPayload,
@@ -46,7 +47,8 @@ class SessionConfig:
     retain_token_log: bool = True
     #: A lane's superseded responses stay findable by id for a short grace period, so a fork
     #: sent at the same moment as a continuation on the parent's lane still finds its parent.
-    #: Bounded by count and by time; they share their history with their successor.
+    #: Bounded by count and by time; only a response its successor continues is kept (they
+    #: share their history, so this costs little).
     superseded_keep: int = 8
     superseded_grace_s: float = 10.0
     limit_message: str = (
@@ -102,7 +104,7 @@ class ConnectionCache:
     def put(self, lane: str | None, state: ResponseState, now: float = 0.0) -> None:
         old = self.latest.pop(lane, None)
         self.latest[lane] = state  # re-insert: dict order doubles as recency order
-        if old is not None and old is not state and self._keep > 0:
+        if old is not None and self._keep > 0 and _descends(state.conversation, old.conversation):
             self.superseded.append((lane, old, now + self._grace_s))
         self._expire(now)
 
@@ -130,6 +132,15 @@ class ConnectionCache:
     def _expire(self, now: float) -> None:
         while self.superseded and self.superseded[0][2] <= now:
             self.superseded.popleft()
+
+
+def _descends(child: Conversation, parent: Conversation) -> bool:
+    """True when ``child`` extends ``parent``'s very nodes (so keeping ``parent`` costs little).
+    O(nodes added since), a couple per turn."""
+    node: Conversation | None = child
+    while node is not None and node.count > parent.count:
+        node = node.parent
+    return node is parent
 
 
 def _total_bytes(state: ResponseState) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -356,13 +357,17 @@ def test_superseded_responses_stay_findable_for_a_bounded_grace_period() -> None
     assert s.cache.find("r3", 110.0) is None and s.cache.find("r5", 110.0) is not None
     # they do not count against the budget, and they are the first to go when it is exceeded
     assert s.cache.size()[0] == 0
-    big = Session("t", SessionConfig(max_cached_items=2))
+    big = Session("t", SessionConfig(max_cached_items=3))
     msg = Message(role="user", content="hi")
-    big.finished(pending(big, stream_id="a"), state("x1", "a", (msg,)))
-    big.finished(pending(big, stream_id="a"), state("x2", "a", (msg,)))
-    assert big.cache.find("x1") is not None
+    x1 = state("x1", "a", (msg,))
+    big.finished(pending(big, stream_id="a"), x1)
+    big.finished(pending(big, stream_id="a"), dataclasses.replace(state("x2", "a"), conversation=x1.conversation.extend([msg])))
+    assert big.cache.find("x1") is not None  # x2 continues x1: x1 is kept
     big.finished(pending(big, stream_id="b"), state("y1", "b", (msg, msg)))
     assert big.cache.find("x1") is None and list(big.cache.superseded) == []
+    # only a response its successor continues is kept (an unrelated one would cost its whole history)
+    big.finished(pending(big, stream_id="b"), state("y2", "b", (msg,)))
+    assert big.cache.find("y1") is None
     # a failed same-lane continuation from a superseded response evicts it too
     s2 = Session("t")
     s2.finished(pending(s2, stream_id="a"), state("p1", "a"))
