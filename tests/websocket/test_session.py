@@ -25,6 +25,7 @@ from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from responses_cache.session import PendingTurn, Session, SessionConfig
 from responses_cache.state import ResponseState
+from responses_cache.tokens.key import reusable_prefix
 
 DOCUMENTED_LIMIT = (
     "Responses websocket connection limit reached (60 minutes). Create a new websocket connection to continue."
@@ -467,6 +468,14 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
     assert match(phased) == (resent[:3], 3)  # phase is rendered
     split = [Message(role="user", content=[InputText(text="h"), InputText(text="i")]), *resent[1:]]
     assert match(split) is None  # part boundaries are rendered: nothing to reuse
+    # after a turn from the rebased parent, the cache holds the client's shapes: the next resend of
+    # the same prefix is identical again (no render keys built for it)
+    found = s.match_full_input(turn, resent, tools.fingerprint)
+    assert found is not None
+    answer = Message(role="assistant", content=[OutputText(text="sure")], id="msg_2", status="completed")
+    child = dataclasses.replace(found[0], conversation=found[0].conversation.extend([resent[4], answer]))
+    assert reusable_prefix(child.conversation.items(), [*resent, answer], None) == (6, 6)
+    assert reusable_prefix(child.conversation.items(), [*resent, Message(role="assistant", content="sure")], None) == (6, 5)
     assert match(resent, EMPTY_TOOLS.fingerprint) is None  # other tools
     other_instructions = PendingTurn(decode_create(create(instructions="x")), "a", 100)
     assert match(resent, t=other_instructions) is None
