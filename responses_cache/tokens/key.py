@@ -5,7 +5,9 @@ Two items with equal render keys render to the same tokens under every renderer 
 except the few that no renderer reads, so a field added to an item type is part of the key
 without anyone having to remember it; only these normalizations are made:
 
-* ``id`` and ``status`` are left out (no template renders them);
+* ``id`` and ``status`` of the item types listed in :data:`IGNORED_FIELDS` are left out (no
+  template renders them). An item type not listed there is keyed on every field, ids included
+  (an ``item_reference``'s ``id`` *is* its content), until someone lists it;
 * a text content part is its text: ``"hi"``, ``[input_text "hi"]`` and ``[output_text "hi"]``
   (whatever its ``annotations`` and ``logprobs``) are the same single part. Part *boundaries*
   are kept: ``["hello wor", "ld"]`` is not ``"hello world"`` (harmony encodes each part on its
@@ -28,13 +30,27 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..protocol.items import InputText, Item, OutputText
+from ..protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+)
 
 if TYPE_CHECKING:
     from .log import TokenLog
 
-#: Item fields no renderer reads.
-IGNORED_FIELDS: frozenset[str] = frozenset({"id", "status"})
+_OWN_ID = frozenset({"id", "status"})
+#: Per item type, the fields no renderer reads (the item's own id and status).
+IGNORED_FIELDS: dict[type, frozenset[str]] = {
+    Message: _OWN_ID,
+    FunctionCall: _OWN_ID,
+    FunctionCallOutput: _OWN_ID,
+    Reasoning: _OWN_ID,
+}
 #: Fields that hold ``str | list[ContentPart]`` (a string is one text part).
 _CONTENT_FIELDS = frozenset({"content", "output"})
 _TEXT = "text"
@@ -43,8 +59,9 @@ _TEXT = "text"
 def render_key(item: Item) -> tuple[Hashable, ...]:
     """What a renderer consumes of ``item``, as a hashable tuple (see the module docstring)."""
     out: list[Hashable] = [_tag(item)]
+    ignored = IGNORED_FIELDS.get(type(item), frozenset())
     for name in item.__struct_fields__:
-        if name in IGNORED_FIELDS:
+        if name in ignored:
             continue
         value = getattr(item, name)
         if name in _CONTENT_FIELDS and isinstance(value, str):
