@@ -75,6 +75,16 @@ def _texts(item: dict[str, Any]) -> list[dict[str, Any]] | None:
     return item["content"]  # type: ignore[no-any-return]
 
 
+_APPLIES = {
+    "phase": lambda x: x.get("type") == "message" and x["role"] == "assistant",
+    "split": lambda x: x.get("type") == "message",
+    "join": lambda x: x.get("type") == "message" and isinstance(x["content"], list) and len(x["content"]) >= 2,
+    "call_id": lambda x: x.get("type") == "function_call",
+    "args": lambda x: x.get("type") == "function_call",
+    "reasoning": lambda x: x.get("type") == "reasoning",
+}
+
+
 def vary(items: Items, data: st.DataObject) -> tuple[Items, bool]:
     """``items`` with random variations; True when one of them is visible to the renderer."""
     out = copy.deepcopy(items)
@@ -82,10 +92,12 @@ def vary(items: Items, data: st.DataObject) -> tuple[Items, bool]:
     for _ in range(data.draw(st.integers(0, 3), label="variations")):
         if not out:
             break
-        index = data.draw(st.integers(0, len(out) - 1), label="at")
-        item = out[index]
-        kind = item.get("type")
         what = data.draw(st.sampled_from(["ids", "string", "phase", "split", "join", "space", "call_id", "args", "reasoning"]), label="what")
+        # an item the variation applies to, where there is one
+        wanted = _APPLIES.get(what)
+        candidates = [i for i, x in enumerate(out) if wanted is None or wanted(x)] or list(range(len(out)))
+        item = out[data.draw(st.sampled_from(candidates), label="at")]
+        kind = item.get("type")
         if what == "ids":  # invisible: ids and statuses (a client that rebuilds its items)
             for each in out:
                 each.pop("id", None)
