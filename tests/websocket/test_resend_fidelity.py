@@ -352,3 +352,18 @@ async def test_a_fork_sent_with_a_continuation_finds_its_parent(serve: Any, back
             assert server.app.state.metrics.total("cache_grace_hits_total") == int(found)
             if not found:
                 assert events[-1]["error"]["code"] == "previous_response_not_found"
+
+
+async def test_errors_in_a_matched_resend_name_the_clients_index(serve: Any, backend: RecordingBackend) -> None:
+    """A full-input request matched against the cache runs only its items after the reused ones;
+    an error in them still names the item's place in the input the client sent."""
+    server = serve()
+    async with ws_connect(server.ws_url) as ws:
+        first = await ws.ok(input=[user("one"), user("two")], instructions=INSTRUCTIONS, tools=TOOLS)
+        resend = [user("one"), user("two"), *first["output"], user("three"), {"type": "function_call_output", "call_id": "nope", "output": "?"}]
+        err = await ws.error(input=resend, instructions=INSTRUCTIONS, tools=TOOLS)
+        assert err["error"]["param"] == "input[4].call_id"
+        image = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/x.png"}]}
+        err = await ws.error(input=[user("one"), user("other"), image], instructions=INSTRUCTIONS, tools=TOOLS)
+        assert err["error"]["param"] == "input[2].content[0]"  # the renderer's error, after a partial match
+    assert server.app.state.metrics.total("full_input_reuse_total") == 2
