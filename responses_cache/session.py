@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from .conversation import Conversation
 from .protocol import events as ev
 from .protocol.errors import (
     ErrorPayload,
@@ -23,10 +24,11 @@ from .protocol.errors import (
     invalid_request,
     previous_response_not_found,
 )
-from .protocol.items import Item, identity
+from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_create
 from .references import ItemIndex
-from .state import ResponseState
+from .state import ResponseState, rebased
+from .tokens.key import reusable_prefix
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _IGNORED = frozenset({"response.processed", "response.append"})
@@ -48,6 +50,12 @@ class SessionConfig:
     #: Keep each cached response's rendered token log. ``False`` trades CPU for memory: the next
     #: continuation re-renders the conversation once instead of appending to the log.
     retain_token_log: bool = True
+    #: A lane's superseded responses stay findable by id for a short grace period, so a fork
+    #: sent at the same moment as a continuation on the parent's lane still finds its parent.
+    #: Bounded by count and by time; only a response its successor continues is kept (they
+    #: share their history, so this costs little).
+    superseded_keep: int = 8
+    superseded_grace_s: float = 10.0
     limit_message: str = (
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
@@ -74,36 +82,70 @@ class PendingTurn:
 
 
 class ConnectionCache:
-    """The latest response of each lane, findable by id. Bounded by the session's budget."""
+    """The latest response of each lane, findable by id, plus the last few responses a lane
+    superseded (for a grace period). Bounded by the session's budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_superseded: int = 0, grace_s: float = 0.0) -> None:
         self.latest: dict[str | None, ResponseState] = {}
+        #: (lane, state, expires at), oldest first; at most ``keep_superseded`` entries.
+        self.superseded: deque[tuple[str | None, ResponseState, float]] = deque(maxlen=max(keep_superseded, 1))
+        self._keep = keep_superseded
+        self._grace_s = grace_s
         self.hits = 0
         self.misses = 0
+        #: Hits on a superseded response (inside the grace period).
+        self.grace_hits = 0
 
-    def find(self, response_id: str) -> tuple[str | None, ResponseState] | None:
+    def find(self, response_id: str, now: float = 0.0) -> tuple[str | None, ResponseState] | None:
         for lane, state in self.latest.items():
+            if state.id == response_id:
+                return lane, state
+        self._expire(now)
+        for lane, state, _ in reversed(self.superseded):
             if state.id == response_id:
                 return lane, state
         return None
 
-    def put(self, lane: str | None, state: ResponseState) -> None:
-        self.latest.pop(lane, None)
+    def put(self, lane: str | None, state: ResponseState, now: float = 0.0) -> None:
+        old = self.latest.pop(lane, None)
         self.latest[lane] = state  # re-insert: dict order doubles as recency order
+        if old is not None and self._keep > 0 and _descends(state.conversation, old.conversation):
+            self.superseded.append((lane, old, now + self._grace_s))
+        self._expire(now)
 
     def evict(self, response_id: str) -> None:
         for lane, state in list(self.latest.items()):
             if state.id == response_id:
                 del self.latest[lane]
+        if any(state.id == response_id for _, state, _ in self.superseded):
+            kept = [entry for entry in self.superseded if entry[1].id != response_id]
+            self.superseded.clear()
+            self.superseded.extend(kept)
 
     def clear(self) -> None:
         self.latest.clear()
+        self.superseded.clear()
 
     def size(self) -> tuple[int, int]:
-        """(items, bytes) held, counting shared history once per lane (an upper bound)."""
+        """(items, bytes) held by the lanes' latest responses, counting shared history once per
+        lane (an upper bound). Superseded responses share their history with their successor and
+        are bounded by count, so they are not counted; they are the first to go over budget."""
         items = sum(s.conversation.count for s in self.latest.values())
         nbytes = sum(_total_bytes(s) for s in self.latest.values())
         return items, nbytes
+
+    def _expire(self, now: float) -> None:
+        while self.superseded and self.superseded[0][2] <= now:
+            self.superseded.popleft()
+
+
+def _descends(child: Conversation, parent: Conversation) -> bool:
+    """True when ``child`` extends ``parent``'s very nodes (so keeping ``parent`` costs little).
+    O(nodes added since), a couple per turn."""
+    node: Conversation | None = child
+    while node is not None and node.count > parent.count:
+        node = node.parent
+    return node is parent
 
 
 def _total_bytes(state: ResponseState) -> int:
@@ -115,7 +157,7 @@ class Session:
     def __init__(self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0) -> None:
         self.tenant = tenant
         self.config = config or SessionConfig()
-        self.cache = ConnectionCache()
+        self.cache = ConnectionCache(self.config.superseded_keep, self.config.superseded_grace_s)
         #: The connection's items by id, for ``item_reference`` inputs (store true or false).
         self.items = ItemIndex(self.config.max_referenceable_items, max_bytes=self.config.max_referenceable_bytes)
         self.deadline = now + self.config.lifetime_s
@@ -226,38 +268,43 @@ class Session:
             ready.append(pending)
         return ready
 
-    def resolve(self, pending: PendingTurn) -> ResponseState | None:
+    def resolve(self, pending: PendingTurn, now: float = 0.0) -> ResponseState | None:
         """The cached parent of a turn, or ``None`` (the caller may hydrate from the store)."""
         wanted = pending.request.previous_response_id
         if wanted is None:
             return None
-        found = self.cache.find(wanted)
+        found = self.cache.find(wanted, now)
         if found is None:
             self.cache.misses += 1
             return None
         self.cache.hits += 1
+        if self.cache.latest.get(found[0]) is not found[1]:
+            self.cache.grace_hits += 1
         return found[1]
 
     def match_full_input(self, pending: PendingTurn, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
-        """For a request without ``previous_response_id``: if its input extends the lane's latest
-        conversation (same instructions and tools), the cached state and how many items it covers."""
+        """For a request without ``previous_response_id`` (same instructions and tools as the lane's
+        latest response): the parent to run it from and how many leading input items it covers.
+
+        The match runs while the input's items render exactly like the cached conversation's
+        (equal :func:`~responses_cache.tokens.key.render_key`) and stops at the first item that
+        does not; the rest is rendered from there. The parent returned holds the client's own
+        items (see :func:`~responses_cache.state.rebased`), so what is stored is what was sent.
+        """
         state = self.cache.latest.get(pending.lane)
         if state is None or state.response.status == "failed":
             return None
         request = pending.request
         if state.instructions != request.instructions or state.tools.fingerprint != tools_fingerprint:
             return None
-        count = state.conversation.count
-        if count == 0 or count > len(items):
+        count, identical = reusable_prefix(state.conversation.items(), items, state.token_log)
+        if count == 0:
             return None
-        cached = state.conversation.items()
-        for mine, theirs in zip(cached, items, strict=False):
-            if identity(mine) != identity(theirs):
-                return None
-        return state, count
+        return rebased(state, items, count, identical), count
 
-    def finished(self, pending: PendingTurn, state: ResponseState | None) -> None:
-        """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed."""
+    def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
+        """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed
+        (``now``: the caller's clock, for the superseded responses' grace period)."""
         self.in_flight -= 1
         self._active_lanes.discard(pending.lane)
         ok = state is not None and state.response.status != "failed"
@@ -265,13 +312,13 @@ class Session:
             assert state is not None
             if not self.config.retain_token_log and state.token_log is not None:
                 state = dataclasses.replace(state, token_log=None, fingerprint=None)
-            self.cache.put(pending.lane, state)
+            self.cache.put(pending.lane, state, now)
             self._enforce_budget()
             return
         parent = pending.request.previous_response_id
         if parent is None:
             return
-        found = self.cache.find(parent)
+        found = self.cache.find(parent, now)
         if found is not None and found[0] == pending.lane:
             self.cache.evict(parent)  # same-lane continuation failed; a cross-lane fork keeps it
 
@@ -281,6 +328,7 @@ class Session:
             items, nbytes = self.cache.size()
             if items <= cfg.max_cached_items and nbytes <= cfg.max_cached_bytes:
                 return
+            self.cache.superseded.clear()  # over budget: the grace period is the first to go
             oldest = next(iter(self.cache.latest))
             del self.cache.latest[oldest]
 

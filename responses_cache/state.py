@@ -6,11 +6,13 @@ nodes and token-log segments, so a fork or a continuation never copies the histo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .conversation import Conversation
+from .conversation import EMPTY, Conversation
+from .protocol.codec import encode
 from .protocol.items import (
     CustomToolCall,
     CustomToolCallOutput,
@@ -65,3 +67,35 @@ def open_calls_after(previous: Mapping[str, str], items: Sequence[Item]) -> dict
         elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             calls.pop(item.call_id, None)
     return calls
+
+
+def rebased(state: ResponseState, items: Sequence[Item], count: int, identical: int) -> ResponseState:
+    """``state`` cut to its first ``count`` items and holding the client's ``items[:count]``.
+
+    The caller has checked that ``items[:count]`` render exactly like the cached items (equal
+    render keys) and that ``identical`` of them are equal field for field. The token log is
+    rewound to ``count`` items (shared, nothing re-tokenized); the conversation shares the cached
+    nodes that hold only identical items and takes the client's own items after them, so what is
+    stored, hydrated or handed to a message-based backend is what the client sent. Hook state is
+    dropped unless every item is identical (the hooks then re-read the history once).
+    """
+    if count == identical == state.conversation.count:
+        return state
+    node: Conversation | None = state.conversation
+    while node is not None and node.count > identical:
+        node = node.parent
+    base = node if node is not None else EMPTY
+    conversation = base.extend(items[base.count : count])
+    whole = count == state.conversation.count
+    log = state.token_log
+    if log is not None and not whole:
+        log = log.rewind(count)
+    return dataclasses.replace(
+        state,
+        conversation=conversation,
+        token_log=log,
+        fingerprint=state.fingerprint if log is not None else None,
+        open_calls=state.open_calls if whole else open_calls_after({}, items[:count]),
+        hook_state={},
+        total_bytes=state.total_bytes if whole else sum(len(encode(i)) for i in items[:count]),
+    )

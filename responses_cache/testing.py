@@ -28,8 +28,9 @@ from .pipeline.turn import Turn
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError
-from .protocol.items import Item, identity
+from .protocol.items import Item
 from .state import ResponseState
+from .tokens.key import render_key
 
 
 class RecordingBackend:
@@ -76,8 +77,9 @@ class ScriptedBackend:
             yield Finish()
 
 
-#: What makes an item part of the context (see :func:`responses_cache.protocol.items.identity`).
-item_identity = identity
+#: What the model sees of an item: its render key (see :func:`responses_cache.tokens.key.render_key`;
+#: equal keys render to the same tokens).
+item_identity = render_key
 
 
 def context_of(request: GenerationRequest) -> dict[str, Any]:

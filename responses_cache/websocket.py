@@ -260,7 +260,7 @@ class _Connection:
         finally:
             if not self.closed:
                 self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
-                self.session.finished(pending, state)
+                self.session.finished(pending, state, time.monotonic())
                 if self.mode.budget is not None:
                     self.mode.budget.touch(self.session)
                 self.session.tick(time.monotonic())
@@ -271,13 +271,16 @@ class _Connection:
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
-        parent = session.resolve(pending)
+        grace_hits = session.cache.grace_hits
+        parent = session.resolve(pending, time.monotonic())
         route = self.routes.get(turn.model)
         wanted = pending.request.previous_response_id
         if wanted is not None:
             metrics.inc("incremental_sends_total", labels)
             if parent is not None:
                 metrics.inc("cache_hits_total", labels)
+                if session.cache.grace_hits > grace_hits:
+                    metrics.inc("cache_grace_hits_total", labels)
             else:
                 metrics.inc("cache_misses_total", labels)
                 if pending.request.store and service.delegate_misses:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
+from ..protocol.errors import ResponsesError
 from ..protocol.items import Item, WireItem
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..references import ItemIndex
@@ -38,6 +40,19 @@ from .turn import Turn
 from .validate import Validator
 
 logger = logging.getLogger("responses_cache.pipeline")
+
+
+_INPUT_INDEX = re.compile(r"input\[(\d+)\]")
+
+
+def renumbered(exc: ResponsesError, reused: int) -> ResponsesError:
+    """``exc`` with its ``input[i]`` param counted in the client's whole input: a full-input
+    request matched against the cache runs only its items after the ``reused`` ones."""
+    param = exc.param
+    if not reused or param is None or (m := _INPUT_INDEX.match(param)) is None:
+        return exc
+    exc.param = f"input[{int(m.group(1)) + reused}]{param[m.end():]}"
+    return exc
 
 
 class UsageSubmitter(Protocol):
@@ -76,12 +91,15 @@ class Pipeline:
         turn.conversation_key = (parent.conversation_key if parent else "") or request.prompt_cache_key or turn.response_id
 
         # validate: only the new items, against the calls the parent left open.
-        open_calls = self.validator(
-            turn.items,
-            parent.open_calls if parent else {},
-            accepts_media=route.backend.accepts_media,
-            check_calls=turn.delegated_parent is None,
-        )
+        try:
+            open_calls = self.validator(
+                turn.items,
+                parent.open_calls if parent else {},
+                accepts_media=route.backend.accepts_media,
+                check_calls=turn.delegated_parent is None,
+            )
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
@@ -92,10 +110,13 @@ class Pipeline:
         context = parent.conversation if parent else EMPTY
         rendered: Rendered | None = None
         if route.renderer is not None:
-            rendered = render(
-                route.renderer, parent, context, items, request.instructions, turn.tools,
-                context_window=route.context_window,
-            )
+            try:
+                rendered = render(
+                    route.renderer, parent, context, items, request.instructions, turn.tools,
+                    context_window=route.context_window,
+                )
+            except ResponsesError as exc:
+                raise renumbered(exc, turn.reused_items) from None
         t2 = time.perf_counter()
         timings["render"] = t2 - t1
 

@@ -200,34 +200,6 @@ def text_of(content: str | Sequence[ContentPart]) -> str:
     return content if isinstance(content, str) else "".join(content_texts(content))
 
 
-def identity(item: Item) -> tuple[Any, ...]:
-    """What the model sees of an item. Ids, statuses, and whether text came as a string or as
-    ``input_text``/``output_text`` parts do not count; media parts do."""
-    if isinstance(item, Message):
-        content = item.content
-        plain = isinstance(content, str) or all(isinstance(p, (InputText, OutputText)) for p in content)
-        return ("message", item.role, text_of(content) if plain else msgspec.json.encode(content))
-    if isinstance(item, FunctionCall):
-        return ("function_call", item.call_id, item.name, item.arguments, item.namespace)
-    if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
-        output = item.output
-        plain = isinstance(output, str) or all(isinstance(p, (InputText, OutputText)) for p in output)
-        kind = "function_call_output" if isinstance(item, FunctionCallOutput) else "custom_tool_call_output"
-        return (kind, item.call_id, text_of(output) if plain else msgspec.json.encode(output))
-    if isinstance(item, CustomToolCall):
-        return ("custom_tool_call", item.call_id, item.name, item.input, item.namespace)
-    if isinstance(item, ItemReference):
-        return ("item_reference", item.id)
-    if isinstance(item, HostedItem):
-        return (item.type, item.raw)
-    return (
-        "reasoning",
-        tuple(s.text for s in item.summary),
-        tuple(c.text for c in item.content or ()),
-        item.encrypted_content,
-    )
-
-
 def has_media(item: Item) -> bool:
     """True when the item carries an image or file part."""
     content: Any

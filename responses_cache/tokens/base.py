@@ -41,7 +41,17 @@ from ..protocol.items import (
 )
 from ..protocol.tools import CustomTool, GrammarFormat, ToolSet
 from .errors import UnknownCallError, UnrenderableItemError, UnsupportedContentError
-from .log import ASSISTANT, FINAL, NO_FACTS, Facts, LogContext, Node, TokenLog, find_call, relayout
+from .log import (
+    ANALYSIS,
+    JOINED,
+    NO_FACTS,
+    Facts,
+    LogContext,
+    Node,
+    TokenLog,
+    find_call,
+    relayout,
+)
 
 
 @dataclass
@@ -394,14 +404,14 @@ class BaseRenderer(ABC):
                 for seg, item, target in zip(pieces, items, targets, strict=True)
             ]
         # The ids do not split one message per item: keep the turn as one block on the first
-        # item (never hidden), the other items get empty segments.
+        # item, the other items get empty segments marked JOINED (no cut may fall inside the
+        # block). Each item keeps its own FINAL/ASSISTANT flags, so the rewriting rule sees the
+        # turn as a full render would (an earlier final inside the block counts); the block is
+        # never hidden (no ANALYSIS flag), since part of it cannot be.
         self._stats.sampled_unsplit += 1
-        flags = ASSISTANT
-        for item in items:
-            f = self._sampled_flags(item)
-            if f & ASSISTANT:
-                flags = ASSISTANT | (f & FINAL)
         block = self._finish_sampled(full, items[-1])
-        out = [Rendered(block, flags, targets[0])]
-        out.extend(Rendered(array("I"), 0, t) for t in targets[1:])
+        out: list[Rendered] = []
+        for k, (item, target) in enumerate(zip(items, targets, strict=True)):
+            flags = self._sampled_flags(item) & ~ANALYSIS
+            out.append(Rendered(block, flags, target) if k == 0 else Rendered(array("I"), flags | JOINED, target))
         return out

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 ANALYSIS = 1  # an assistant reasoning / ``analysis`` message
 ASSISTANT = 2  # any message authored by the assistant
 FINAL = 4  # an assistant message on the ``final`` channel
+JOINED = 8  # no tokens of its own: they are in an earlier item's block (an unsplittable sampled turn)
 
 _EMPTY = array("I")
 _COMPARE_CHUNK = 512
@@ -276,6 +277,15 @@ class TokenLog:
         if not 0 <= index <= self._node.index:
             raise IndexError(f"item index {index} out of range for a log of {self.num_items} items")
         return not ancestor(self._node, index).visible
+
+    def splits_at(self, item_index: int) -> bool:
+        """True when the log can be cut before item ``item_index`` (:meth:`rewind`): the first
+        ``item_index`` items hold all of their tokens, no unsplittable sampled block spans the cut."""
+        if not 0 <= item_index <= self.num_items:
+            raise IndexError(f"item index {item_index} out of range for a log of {self.num_items} items")
+        if item_index == self.num_items:
+            return True
+        return not ancestor(self._node, item_index).flags & JOINED
 
     def iter_segments(self) -> Iterator[array[int]]:
         """The visible segments in order, without copying (read-only by convention)."""

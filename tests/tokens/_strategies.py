@@ -21,6 +21,7 @@ from responses_cache.protocol.items import (
     ReasoningText,
     Refusal,
     SummaryText,
+    text_of,
 )
 from responses_cache.protocol.tools import ToolSet, parse_tools
 
@@ -253,3 +254,100 @@ def splits(draw: st.DrawFn, n: int) -> list[int]:
 
 
 instructions = st.one_of(st.none(), st.just(""), texts)
+
+
+# -- resends: the same conversation as a client might send it again ---------------------------------
+
+#: Variations no renderer sees (ids, statuses, one text part as a string, text-part kinds, annotations).
+INVISIBLE = ("ids", "string", "part_kind", "annotations")
+#: Variations a renderer may see (each is a different conversation for the model, or may be).
+VISIBLE = ("phase", "split", "join", "space", "call_id", "arguments", "reasoning", "role")
+
+
+def _text_parts(content: str | list[Any]) -> list[Any] | None:
+    if isinstance(content, str) or not content or not all(isinstance(p, (InputText, OutputText)) for p in content):
+        return None
+    return list(content)
+
+
+def vary_item(draw: st.DrawFn, item: Item, what: str) -> Item:
+    """``item`` with one variation ``what`` applied (unchanged where it does not apply)."""
+    rep = msgspec.structs.replace
+    if what == "ids":
+        return rep(item, id=draw(st.sampled_from(["x_1", "msg_abc", None])), status=draw(st.sampled_from(["completed", None])))
+    if isinstance(item, Message):
+        parts = _text_parts(item.content)
+        if what == "string" and parts is not None and len(parts) == 1:
+            return rep(item, content=parts[0].text)
+        if what == "string" and isinstance(item.content, str):
+            return rep(item, content=[OutputText(item.content) if item.role == "assistant" else InputText(item.content)])
+        if what == "part_kind" and parts is not None:
+            return rep(item, content=[OutputText(p.text) if isinstance(p, InputText) else InputText(p.text) for p in parts])
+        if what == "annotations" and parts is not None:
+            return rep(item, content=[OutputText(p.text, annotations=[{"type": "x"}], logprobs=[]) for p in parts])
+        if what == "phase" and item.role == "assistant":
+            return rep(item, phase=draw(st.sampled_from([None, "commentary", "final_answer"])))
+        if what == "role":
+            return rep(item, role=draw(st.sampled_from(["user", "system", "developer", "assistant"])))
+        text_parts = [item.content] if isinstance(item.content, str) else parts
+        if what == "split" and text_parts and len(text_parts[0] if isinstance(text_parts[0], str) else text_parts[0].text) >= 2:
+            first = text_parts[0] if isinstance(text_parts[0], str) else text_parts[0].text
+            cut = draw(st.integers(1, len(first) - 1))
+            return rep(item, content=[InputText(first[:cut]), InputText(first[cut:]), *(text_parts[1:] if parts else [])])
+        if what == "join" and parts is not None and len(parts) >= 2:
+            return rep(item, content=[InputText(parts[0].text + parts[1].text), *parts[2:]])
+        if what == "space" and text_parts:
+            ws = draw(st.sampled_from(WHITESPACE))
+            return rep(item, content=item.content + ws) if isinstance(item.content, str) else rep(
+                item, content=[*item.content[:-1], InputText(parts[-1].text + ws)]  # type: ignore[index]
+            )
+        return item
+    if isinstance(item, FunctionCall):
+        if what == "arguments":
+            return rep(item, arguments=item.arguments + draw(st.sampled_from([" ", "\n", "}"])))
+        if what == "space":
+            return rep(item, arguments=" " + item.arguments)
+        if what == "role":  # the nearest thing a call has: its namespace
+            return rep(item, namespace=draw(st.sampled_from([None, "functions", "mcp"])))
+        return item
+    if isinstance(item, FunctionCallOutput):
+        if what == "string" and isinstance(item.output, str):
+            return rep(item, output=[InputText(item.output)])
+        if what == "space":
+            return rep(item, output=(item.output if isinstance(item.output, str) else text_of(item.output)) + " ")
+        return item
+    if isinstance(item, Reasoning) and what == "reasoning":
+        text = "".join(p.text for p in item.content or item.summary)
+        return draw(
+            st.sampled_from(
+                [
+                    Reasoning(summary=[SummaryText(text)]),
+                    Reasoning(summary=[], content=[ReasoningText(text)]),
+                    Reasoning(summary=list(item.summary), content=item.content, encrypted_content="gAAAA" + text[:4]),
+                    Reasoning(summary=list(item.summary), content=[*(item.content or []), ReasoningText(" more")]),
+                ]
+            )
+        )
+    return item
+
+
+@st.composite
+def resent(draw: st.DrawFn, items: list[Item], kinds: tuple[str, ...] = INVISIBLE + VISIBLE) -> list[Item]:
+    """``items`` as a client might resend them: a few random items varied (call ids renamed
+    consistently, so every output still answers a call)."""
+    out = list(items)
+    for _ in range(draw(st.integers(0, 3))):
+        if not out:
+            break
+        i = draw(st.integers(0, len(out) - 1))
+        what = draw(st.sampled_from(kinds))
+        item = out[i]
+        if what == "call_id" and isinstance(item, FunctionCall):
+            old, new = item.call_id, item.call_id + "_r"
+            out = [
+                msgspec.structs.replace(x, call_id=new) if isinstance(x, (FunctionCall, FunctionCallOutput)) and x.call_id == old else x
+                for x in out
+            ]
+        else:
+            out[i] = vary_item(draw, item, what)
+    return out

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from responses_cache.conversation import EMPTY
 from responses_cache.protocol.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -25,10 +27,15 @@ from responses_cache.protocol.items import (
     ReasoningText,
     Refusal,
 )
+from responses_cache.protocol.request import decode_create
+from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, FunctionTool, NamespaceTool, ToolSet
+from responses_cache.session import PendingTurn, Session
+from responses_cache.state import ResponseState
 from responses_cache.tokens import HarmonyRenderer
+from responses_cache.tokens.log import TokenLog
 
-from ._strategies import examples, instructions, items_, splits, tool_sets
+from ._strategies import examples, instructions, items_, resent, splits, tool_sets
 
 h = pytest.importorskip("openai_harmony")
 
@@ -201,3 +208,58 @@ def test_drop_analysis_example(harmony_oracle: Any) -> None:
     shared = log2.common_prefix(log)
     assert log.header_tokens + len(log.item_tokens(0)) <= shared < log.header_tokens + len(log2.item_tokens(0)) + len(log2.item_tokens(1))
     assert shared == sum(1 for _ in iter_common(log.tokens(), log2.tokens()))
+
+
+# -- resends, forks and hydration: every path the connection cache offers, against the oracle -------
+
+
+def _cached(r: HarmonyRenderer, instr: str | None, tools: ToolSet, items: Sequence[Item], log: TokenLog) -> Session:
+    """A session whose default lane holds ``items`` rendered as ``log`` (as after a turn)."""
+    response = Response(id="resp_1", created_at=0, status="completed", model="m", output=[], tools=[], tool_choice="auto", parallel_tool_calls=True)
+    state = ResponseState(
+        response=response, tenant="t", lane=None, conversation=EMPTY.extend(list(items)), instructions=instr,
+        tools=tools, fingerprint=r.fingerprint(instr, tools), token_log=log, route=None,
+    )
+    session = Session("t")
+    session.cache.put(None, state)
+    return session
+
+
+@settings(settings.get_profile("tokens"), max_examples=examples(60))
+@given(data=st.data())
+def test_resends_forks_and_hydration_match_openai_harmony(harmony_oracle: Any, harmony: HarmonyRenderer, data: st.DataObject) -> None:
+    """A full-input resend (with any renderer-visible or invisible variation) matched by the
+    session's matcher, two forks from one cached log, and a hydrated continuation (a full render of
+    the stored items, then incremental): each prompt equals openai-harmony's for the conversation
+    the client holds."""
+    r = harmony
+    tools = data.draw(tool_sets(with_schemas=False))
+    instr = data.draw(instructions)
+    items = data.draw(items_(max_size=10))
+    log = r.begin(instr, tools)
+    prev = 0
+    for cut in [*data.draw(splits(len(items))), len(items)]:  # the cached conversation, turn by turn
+        log = r.extend(log, items[prev:cut])
+        prev = cut
+    # a resend: the conversation again (varied) plus new items, without previous_response_id
+    sent = [*data.draw(resent(items)), *data.draw(items_(max_size=3))]
+    session = _cached(r, instr, tools, items, log)
+    pending = PendingTurn(decode_create(msgspec.json.encode({"type": "response.create", "model": "m", "instructions": instr})), None, 1)
+    match = session.match_full_input(pending, sent, tools.fingerprint)
+    if match is None:
+        got = r.render_full(instr, tools, sent)
+    else:
+        parent, reused = match
+        assert parent.token_log is not None and parent.conversation.items() == sent[:reused]
+        got = r.extend(parent.token_log, sent[reused:])
+    assert list(r.prompt(got)) == oracle_prompt(harmony_oracle, r, instr, tools, sent)
+    # forks: two continuations of one cached prefix
+    at = data.draw(st.integers(0, len(items)))
+    base = log.rewind(at)
+    for _ in range(2):
+        more = data.draw(items_(max_size=3))
+        assert list(r.prompt(r.extend(base, more))) == oracle_prompt(harmony_oracle, r, instr, tools, [*items[:at], *more])
+    # hydration: the stored items rendered in full once, then continued incrementally
+    more = data.draw(items_(max_size=3))
+    hydrated = r.extend(r.render_full(instr, tools, sent), more)
+    assert list(r.prompt(hydrated)) == oracle_prompt(harmony_oracle, r, instr, tools, [*sent, *more])

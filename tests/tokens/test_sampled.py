@@ -131,3 +131,38 @@ def test_content_only_ids_are_rejected_by_harmony() -> None:
     got = r.extend(log, outputs, sampled=r.encode_text("Hello there!"))
     assert r.stats.sampled_rejected == rejected + 1
     assert got.tokens() == r.extend(log, outputs).tokens()
+
+
+def test_an_unsplittable_turn_hides_what_a_full_render_hides() -> None:
+    """A turn kept as one block still counts each of its items for harmony's drop-analysis rule:
+    an earlier final inside the block is the conversation's first final, so a later turn's
+    analysis stays visible, as in a full render. No cut may fall inside the block."""
+    r = HarmonyRenderer()
+    enc = r.encoding
+    head: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), head)
+    turn: list[Item] = [
+        Message(role="assistant", content=[OutputText("A")]),
+        FunctionCall(call_id="c", name="f", arguments="{}"),
+    ]
+    # three messages for two items: unsplittable
+    sampled = enc.encode(
+        "<|channel|>final<|message|>A<|end|><|start|>assistant<|channel|>analysis<|message|>hm<|end|>"
+        "<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>",
+        allowed_special="all",
+    )
+    unsplit = r.stats.sampled_unsplit
+    log = r.extend(log, turn, sampled=sampled)
+    assert r.stats.sampled_unsplit == unsplit + 1
+    assert [log.splits_at(k) for k in range(4)] == [True, True, False, True]
+    later: list[Item] = [
+        FunctionCallOutput(call_id="c", output="ok"),
+        Reasoning(summary=[], content=[ReasoningText("later thoughts")]),
+        Message(role="assistant", content=[OutputText("B")]),
+    ]
+    log = r.extend(log, later)
+    full = r.render_full(None, EMPTY_TOOLS, [*head, *turn, *later])
+    assert [log.item_hidden(i) for i in range(6)] == [full.item_hidden(i) for i in range(6)]
+    assert not log.item_hidden(4) and "later thoughts" in r.decode(r.prompt(log))
+    # rewinding to the block's start drops it whole; a continuation from there renders afresh
+    assert r.prompt(r.extend(log.rewind(1), turn)) == r.prompt(r.render_full(None, EMPTY_TOOLS, [*head, *turn]))

@@ -17,10 +17,10 @@ from responses_cache.protocol.items import (
     Item,
     ItemReference,
     Message,
-    identity,
 )
 from responses_cache.protocol.request import decode_input
 from responses_cache.references import ItemIndex, resolve_references
+from responses_cache.tokens.key import render_key
 
 
 def decode(items: list[dict[str, Any]]) -> list[Item]:
@@ -42,7 +42,7 @@ def test_custom_tool_items_decode() -> None:
     )
     assert isinstance(call, CustomToolCall) and call.input == "*** Begin Patch"
     assert isinstance(output, CustomToolCallOutput)
-    assert identity(output)[0] == "custom_tool_call_output"
+    assert render_key(output)[0] == "custom_tool_call_output"
     assert error_of([{"type": "custom_tool_call", "call_id": "c", "name": "x"}]) == ("missing_required_parameter", "input[0].input")
 
 

@@ -34,9 +34,12 @@ from responses_cache.backends.base import (
     ToolCallStart,
 )
 from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
     Item,
+    Message,
 )
-from responses_cache.protocol.items import identity as items_identity
+from responses_cache.tokens.key import render_key
 
 
 class Gates:
@@ -162,8 +165,21 @@ def _split(text: str) -> list[str]:
     return pieces
 
 
-# What the model sees of an item: the package's own definition.
-identity = items_identity
+# What the model sees of an item: the package's own definition (equal keys render the same).
+identity = render_key
+
+
+def user_key(text: str) -> tuple[Any, ...]:
+    """The render key of a user message with ``text``."""
+    return render_key(Message(role="user", content=text))
+
+
+def call_key(call_id: str, name: str, arguments: str) -> tuple[Any, ...]:
+    return render_key(FunctionCall(call_id=call_id, name=name, arguments=arguments))
+
+
+def output_key(call_id: str, output: str) -> tuple[Any, ...]:
+    return render_key(FunctionCallOutput(call_id=call_id, output=output))
 
 
 async def until(predicate: Callable[[], object], what: str = "condition", timeout: float = 10.0) -> None:

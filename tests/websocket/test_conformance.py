@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from backends import RecordingBackend, identity, until
+from backends import RecordingBackend, identity, until, user_key
 from websockets.exceptions import InvalidStatus
 from wsclient import (
     MODEL,
@@ -181,7 +181,7 @@ async def test_every_create_field_flat_at_top_level(serve: Any, backend: Recordi
     request = call.request
     assert (request.instructions, request.max_output_tokens, request.temperature, request.top_p) == ("Be brief.", 256, 0.5, 0.9)
     assert request.parallel_tool_calls is False and request.reasoning == {"effort": "low", "summary": "auto"}
-    assert call.tool_names == ["run"] and call.identities() == [("message", "user", "hi")]
+    assert call.tool_names == ["run"] and call.identities() == [user_key("hi")]
     assert response["instructions"] == "Be brief." and response["store"] is False
     assert response["metadata"] == body["metadata"] and response["temperature"] == 0.5
     assert response["max_output_tokens"] == 256 and response["max_tool_calls"] == 4
@@ -403,7 +403,7 @@ async def test_failed_continuation_evicts_its_parent(serve: Any, backend: Record
         not_found(await ws.error(input="retry", previous_response_id=failed["id"]), failed["id"])
         # a fresh chain still works
         await ws.ok(input="fresh", store=False, metadata={"tag": "fresh"})
-    assert backend.by_tag("fresh").identities() == [("message", "user", "fresh")]
+    assert backend.by_tag("fresh").identities() == [user_key("fresh")]
 
 
 async def test_null_or_missing_previous_response_starts_fresh(serve: Any, backend: RecordingBackend) -> None:
@@ -413,8 +413,8 @@ async def test_null_or_missing_previous_response_starts_fresh(serve: Any, backen
         await ws.ok(input="old context", store=False)
         await ws.ok(input="fresh one", previous_response_id=None, store=False, metadata={"tag": "null"})
         await ws.ok(input=[{"role": "user", "content": "fresh two"}], store=False, metadata={"tag": "omitted"})
-    assert backend.by_tag("null").identities() == [("message", "user", "fresh one")]
-    assert backend.by_tag("omitted").identities() == [("message", "user", "fresh two")]
+    assert backend.by_tag("null").identities() == [user_key("fresh one")]
+    assert backend.by_tag("omitted").identities() == [user_key("fresh two")]
 
 
 async def test_instructions_and_tools_are_not_inherited(serve: Any, backend: RecordingBackend) -> None:
@@ -438,8 +438,9 @@ async def test_instructions_and_tools_are_not_inherited(serve: Any, backend: Rec
 
 async def test_generate_false_warm_up(serve: Any, backend: RecordingBackend) -> None:
     """Item 21: ``generate: false`` returns created → in_progress → completed with empty output and
-    no model run; the id chains right away, and (``store: true``) several turns later."""
-    server = serve(hot_cache_bytes=0)  # the store tier: no process-wide hot cache
+    no model run; the id chains right away, and (``store: true``) several turns later (from the
+    store: this server keeps neither a process-wide hot cache nor superseded responses)."""
+    server = serve(hot_cache_bytes=0, session=SessionConfig(superseded_keep=0))
     tools = [function_tool()]
     async with ws_connect(server.ws_url) as ws:
         events = await ws.turn(input="context", instructions="Be terse.", tools=tools, generate=False)
@@ -451,7 +452,7 @@ async def test_generate_false_warm_up(serve: Any, backend: RecordingBackend) -> 
         second = await ws.ok(input="next", previous_response_id=first["id"], metadata={"tag": "2"})
         await ws.ok(input="fork", previous_response_id=warm["id"], metadata={"tag": "later"})  # several turns later
         assert server.app.state.service.hydrations == 1
-    assert backend.by_tag("1").identities() == [("message", "user", "context")]
+    assert backend.by_tag("1").identities() == [user_key("context")]
     assert backend.by_tag("1").request.instructions == "Be terse."
     assert backend.by_tag("2").identities() == expected("context", first, "next")
     assert backend.by_tag("later").identities() == expected("context", "fork")
@@ -534,7 +535,7 @@ async def test_same_lane_fifo_other_lanes_interleave(serve: Any, backend: Record
     assert position[id(a1[-1])] < position[id(a2[0])]  # FIFO on lane a
     assert position[id(b1[0])] < position[id(a1[-1])] and position[id(a1[0])] < position[id(b1[-1])]  # overlap
     assert backend.max_active == 2
-    assert backend.by_tag("a2").identities() == [("message", "user", "a2")]
+    assert backend.by_tag("a2").identities() == [user_key("a2")]
 
 
 async def test_more_than_16_active_responses_are_queued(serve: Any, backend: RecordingBackend) -> None:
@@ -603,8 +604,9 @@ async def test_33rd_named_lane_is_refused(serve: Any) -> None:
 
 async def test_lane_caches_its_latest_and_forks_inherit(serve: Any, backend: RecordingBackend) -> None:
     """Item 29: a lane keeps only its latest response; a fork onto a new lane from another lane's
-    latest inherits its context, and both lanes then continue independently."""
-    server = serve()
+    latest inherits its context, and both lanes then continue independently. (Strictly as the spec
+    says: without the superseded responses' grace period, see test_session.py.)"""
+    server = serve(session=SessionConfig(superseded_keep=0))
     async with ws_connect(server.ws_url) as ws:
         r1 = await ws.ok(input="one", stream_id="a", store=False)
         r2 = await ws.ok(input="two", stream_id="a", previous_response_id=r1["id"], store=False)

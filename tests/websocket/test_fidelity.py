@@ -1,8 +1,9 @@
 """Context fidelity (design invariant 1): whatever path a turn takes through the connection cache —
 warm-up, continuation, fork, eviction, full-input reuse, reconnect and hydration — the backend
 receives exactly the conversation that one request carrying the whole conversation as ``input``
-would give it. Compared item by item on what the model sees (``backends.identity``: roles, text,
-call ids, names, arguments, outputs), ignoring ids and statuses.
+would give it. Compared item by item on what the model sees (``backends.identity``, the package's
+``render_key``: everything a renderer reads), ignoring ids and statuses. Resends that vary what
+the renderer sees are in test_resend_fidelity.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from backends import RecordingBackend, identity
+from backends import RecordingBackend, call_key, identity, output_key, user_key
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wsclient import RENDERER, WS, check_stream, function_tool, ws_connect
@@ -90,9 +91,9 @@ async def test_warm_up_then_continuations(serve: Any, backend: RecordingBackend)
             server.ws_url, backend, [*agent.history[first["id"]], output_of("call_1", "line 3: IndexError")]
         )
         assert agent.seen(t2) == [
-            ("message", "user", "Fix the bug in parser.py"),
-            ("function_call", "call_1", "run", '{"step": 1}', None),
-            ("function_call_output", "call_1", "line 3: IndexError"),
+            user_key("Fix the bug in parser.py"),
+            call_key("call_1", "run", '{"step": 1}'),
+            output_key("call_1", "line 3: IndexError"),
         ]
         assert second["status"] == "completed"
 
@@ -112,8 +113,8 @@ async def test_forks_see_the_shared_prefix_plus_their_own_turns(serve: Any, back
             assert agent.seen(tag) == await reference(server.ws_url, backend, [*agent.history[parent["id"]], user(new)])
         shared = len(agent.history[a2["id"]])
         assert agent.seen(tb2)[:shared] == agent.seen(ta4)[:shared]
-        assert ("message", "user", "try approach A") not in agent.seen(tb2)
-        assert ("message", "user", "try approach B") not in agent.seen(ta4)
+        assert user_key("try approach A") not in agent.seen(tb2)
+        assert user_key("try approach B") not in agent.seen(ta4)
         assert b2["status"] == a4["status"] == "completed"
 
 
@@ -237,8 +238,10 @@ op = st.one_of(
 
 @pytest.fixture
 def shared_server(serve: Any) -> Any:
-    """One server for all of a property test's examples (fixtures are not reset between them)."""
-    return serve()
+    """One server for all of a property test's examples (fixtures are not reset between them).
+    Without the superseded responses' grace period, so the script's model of the cache is the
+    spec's (each lane keeps its latest response)."""
+    return serve(session=SessionConfig(superseded_keep=0))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -24,6 +25,7 @@ from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from responses_cache.session import PendingTurn, Session, SessionConfig
 from responses_cache.state import ResponseState
+from responses_cache.tokens.key import reusable_prefix
 
 DOCUMENTED_LIMIT = (
     "Responses websocket connection limit reached (60 minutes). Create a new websocket connection to continue."
@@ -329,7 +331,7 @@ def pending(s: Session, **body: Any) -> PendingTurn:
 
 
 def test_resolve_hits_each_lanes_latest_only() -> None:
-    s = Session("t")
+    s = Session("t", SessionConfig(superseded_keep=0))
     s.finished(pending(s), state("r1"))
     s.finished(pending(s, previous_response_id="r1"), state("r2"))
     s.finished(pending(s, stream_id="b", previous_response_id="r2"), state("r3", "b"))
@@ -338,6 +340,41 @@ def test_resolve_hits_each_lanes_latest_only() -> None:
     assert s.resolve(pending(s, stream_id="c", previous_response_id="r1")) is None  # replaced on its lane
     assert s.resolve(pending(s, stream_id="d")) is None  # nothing wanted
     assert (s.cache.hits, s.cache.misses) == (2, 1)
+
+
+def test_superseded_responses_stay_findable_for_a_bounded_grace_period() -> None:
+    """A fork sent while its parent's lane moved on still finds the parent: for
+    ``superseded_grace_s`` (the caller's clock) and among the last ``superseded_keep`` only."""
+    s = Session("t", SessionConfig(superseded_keep=2, superseded_grace_s=5.0))
+    s.finished(pending(s, stream_id="a"), state("r1", "a"), now=100.0)
+    s.finished(pending(s, stream_id="a", previous_response_id="r1"), state("r2", "a"), now=101.0)
+    assert s.resolve(pending(s, stream_id="b", previous_response_id="r1"), now=102.0) is not None
+    assert s.cache.grace_hits == 1
+    assert s.resolve(pending(s, stream_id="c", previous_response_id="r1"), now=106.0) is None  # expired
+    # count-bounded: only the last two superseded responses are kept
+    for k in range(3, 7):
+        s.finished(pending(s, stream_id="a"), state(f"r{k}", "a"), now=110.0)
+    assert [st.id for _, st, _ in s.cache.superseded] == ["r4", "r5"]
+    assert s.cache.find("r3", 110.0) is None and s.cache.find("r5", 110.0) is not None
+    # they do not count against the budget, and they are the first to go when it is exceeded
+    assert s.cache.size()[0] == 0
+    big = Session("t", SessionConfig(max_cached_items=3))
+    msg = Message(role="user", content="hi")
+    x1 = state("x1", "a", (msg,))
+    big.finished(pending(big, stream_id="a"), x1)
+    big.finished(pending(big, stream_id="a"), dataclasses.replace(state("x2", "a"), conversation=x1.conversation.extend([msg])))
+    assert big.cache.find("x1") is not None  # x2 continues x1: x1 is kept
+    big.finished(pending(big, stream_id="b"), state("y1", "b", (msg, msg)))
+    assert big.cache.find("x1") is None and list(big.cache.superseded) == []
+    # only a response its successor continues is kept (an unrelated one would cost its whole history)
+    big.finished(pending(big, stream_id="b"), state("y2", "b", (msg,)))
+    assert big.cache.find("y1") is None
+    # a failed same-lane continuation from a superseded response evicts it too
+    s2 = Session("t")
+    s2.finished(pending(s2, stream_id="a"), state("p1", "a"))
+    s2.finished(pending(s2, stream_id="a"), state("p2", "a"))
+    s2.finished(pending(s2, stream_id="a", previous_response_id="p1"), None)
+    assert s2.cache.find("p1") is None and s2.cache.find("p2") is not None
 
 
 def test_same_lane_failure_evicts_the_parent() -> None:
@@ -403,6 +440,7 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
     tools = parse_tools(msgspec.json.encode([{"type": "function", "name": "run"}]))
     s = Session("t")
     s.finished(pending(s, stream_id="a"), state("r1", "a", history, instructions="be brief", tools=tools))
+    cached = s.cache.latest["a"]
     resent = [
         Message(role="user", content=[InputText(text="hi")]),
         FunctionCall(call_id="c1", name="run", arguments="{}"),  # no id/status: still the same item
@@ -411,19 +449,41 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
         Message(role="user", content="more"),
     ]
     turn = PendingTurn(decode_create(create(stream_id="a", instructions="be brief")), "a", 99)
-    assert s.match_full_input(turn, resent, tools.fingerprint) == (s.cache.latest["a"], 4)
-    assert s.match_full_input(turn, resent[:4], tools.fingerprint) == (s.cache.latest["a"], 4)
-    assert s.match_full_input(turn, resent[:3], tools.fingerprint) is None  # shorter than the cache
-    assert s.match_full_input(turn, resent, EMPTY_TOOLS.fingerprint) is None  # other tools
+
+    def match(items: list[Any], fingerprint: bytes = tools.fingerprint, t: PendingTurn = turn) -> tuple[list[Any], int] | None:
+        found = s.match_full_input(t, items, fingerprint)
+        return None if found is None else (found[0].conversation.items(), found[1])
+
+    # render-equal items match; the parent then holds the client's items, not the cached shapes
+    assert match(resent) == (resent[:4], 4)
+    assert match(resent[:4]) == (resent[:4], 4)
+    # the very same items: the cached state itself is the parent (shared, hooks' state kept)
+    assert s.match_full_input(turn, [*history, resent[4]], tools.fingerprint) == (cached, 4)
+    assert match(resent[:3]) == (resent[:3], 3)  # shorter than the cache: cut there
     changed = [*resent[:2], FunctionCallOutput(call_id="c1", output="other"), *resent[3:]]
-    assert s.match_full_input(turn, changed, tools.fingerprint) is None
+    assert match(changed) == (resent[:2], 2)  # the match stops where the items differ
+    found = s.match_full_input(turn, changed, tools.fingerprint)
+    assert found is not None and found[0].open_calls == {"c1": "run"} and found[0].hook_state == {}
+    phased = [*resent[:3], Message(role="assistant", content=[OutputText(text="ok")], phase="commentary")]
+    assert match(phased) == (resent[:3], 3)  # phase is rendered
+    split = [Message(role="user", content=[InputText(text="h"), InputText(text="i")]), *resent[1:]]
+    assert match(split) is None  # part boundaries are rendered: nothing to reuse
+    # after a turn from the rebased parent, the cache holds the client's shapes: the next resend of
+    # the same prefix is identical again (no render keys built for it)
+    found = s.match_full_input(turn, resent, tools.fingerprint)
+    assert found is not None
+    answer = Message(role="assistant", content=[OutputText(text="sure")], id="msg_2", status="completed")
+    child = dataclasses.replace(found[0], conversation=found[0].conversation.extend([resent[4], answer]))
+    assert reusable_prefix(child.conversation.items(), [*resent, answer], None) == (6, 6)
+    assert reusable_prefix(child.conversation.items(), [*resent, Message(role="assistant", content="sure")], None) == (6, 5)
+    assert match(resent, EMPTY_TOOLS.fingerprint) is None  # other tools
     other_instructions = PendingTurn(decode_create(create(instructions="x")), "a", 100)
-    assert s.match_full_input(other_instructions, resent, tools.fingerprint) is None
+    assert match(resent, t=other_instructions) is None
     other_lane = PendingTurn(decode_create(create(instructions="be brief")), "b", 101)
-    assert s.match_full_input(other_lane, resent, tools.fingerprint) is None
+    assert match(resent, t=other_lane) is None
     s.cache.put("f", state("rf", "f", history, status="failed"))
     failed_lane = PendingTurn(decode_create(create()), "f", 102)
-    assert s.match_full_input(failed_lane, resent, EMPTY_TOOLS.fingerprint) is None
+    assert match(resent, EMPTY_TOOLS.fingerprint, failed_lane) is None
 
 
 # -- close ------------------------------------------------------------------------------------------
