@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import httpx
-from backends import RecordingBackend
+from backends import RecordingBackend, user_key
 from wsclient import MODEL, RENDERER, function_tool, ws_connect
 
 TOOLS = [function_tool()]
@@ -91,7 +91,7 @@ async def test_references_over_http_follow_the_store(serve: Any, backend: Record
     # Items of the input are referenceable too (they were stored with the response).
     ok(post(server, input=[{**user("with an id"), "id": "msg_client_1"}], metadata={"tag": "h2"}))
     ok(post(server, input=[{"id": "msg_client_1"}], metadata={"tag": "h-input-ref"}))  # ``type`` may be left out
-    assert backend.by_tag("h-input-ref").identities() == [("message", "user", "with an id")]
+    assert backend.by_tag("h-input-ref").identities() == [user_key("with an id")]
 
     # The process's index lost track (a restart, say): the parent's conversation still has it.
     server.app.state.service.pipeline.stored_items.clear()
