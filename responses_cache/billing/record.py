@@ -53,6 +53,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     transport: str = "http"
     """``"http"`` or ``"websocket"``."""
     previous_response_id: str | None = None
+    recovered: bool = False
+    """``True`` for a ``cancelled`` record rebuilt from the journal after a crash: the process
+    died mid-response, and the usage is that of the response's last progress mark."""
 
     def __post_init__(self) -> None:
         for name in _TOKEN_FIELDS:
