@@ -390,9 +390,10 @@ class Biller:
                     raise RuntimeError("no journal")
                 journal.append_close(record)  # one-shot: open, lock, append, close
             except Exception:
-                _log_undeliverable([record])
-            with self._lock, contextlib.suppress(ValueError):
-                self._memory.remove(record)
+                _log_undeliverable([record])  # stays counted as pending
+            else:
+                with self._lock, contextlib.suppress(ValueError):
+                    self._memory.remove(record)
 
     def _durable_after(self, end: int) -> Awaitable[None] | None:
         """In machine mode, a future resolved once the journal is synced up to ``end``."""

@@ -381,8 +381,8 @@ class UsageJournal:
             self._pending = max(0, self._pending - len(batch.records))
             if not batch.records and batch.end >= self._size:
                 self._pending = 0  # nothing left to read, whatever the counter said
-            if batch.end >= self._size and not self._live:
-                # Everything in the file is delivered and no response is open: start afresh.
+            if self._pending == 0 and not self._skip and not self._live:
+                # Every close in the file is delivered and no response is open: start afresh.
                 os.ftruncate(fd, 0)
                 if self._durable:
                     os.fdatasync(fd)

@@ -1,7 +1,7 @@
 """The usage record: one per finished (or cancelled) response, and its wire encoding.
 
 Records are immutable msgspec Structs. The JSON encoder and decoders are built once at import
-time and shared by the spill file and every sink, so a record looks the same everywhere it is
+time and shared by the journal and every sink, so a record looks the same everywhere it is
 written: one JSON object with the field names below.
 """
 

@@ -4,7 +4,7 @@ A sink receives batches of records from the :class:`~responses_cache.billing.Bil
 The contract:
 
 * ``write`` returns only once the batch is durably accepted, and raises on any failure; the
-  Biller then keeps the batch (in its spill file) and writes it again later.
+  Biller then keeps the batch (in its journal) and writes it again later.
 * ``write`` is idempotent per ``response_id``: writing a record that was already written must
   not count it twice. Retries after an ambiguous failure (timeout, crash after the write but
   before the acknowledgement) are part of normal operation.
@@ -352,13 +352,13 @@ class WebhookSink:
     Idempotency: every element carries its ``response_id``, and receivers must deduplicate on
     it. The ``Idempotency-Key`` header is the response id for a one-record batch, and for
     larger batches ``batch-`` + a SHA-256 of the sorted ids (stable across retries of the same
-    batch). Batches can be regrouped after a spill and replay, so a receiver that dedupes only
+    batch). Batches can be regrouped after an outage or a restart, so a receiver that dedupes only
     on the header is not exactly-once; dedupe on each element's ``response_id``.
 
     Retries (inside one ``write``): transport errors, timeouts and HTTP 408/425/429/5xx, with
     exponential backoff and jitter (via tenacity), honouring ``Retry-After`` up to
     ``backoff_max``; at most ``max_attempts`` attempts. Other 4xx fail at once. When ``write``
-    finally raises, the Biller spills the batch and tries again later.
+    finally raises, the Biller keeps the batch in its journal and tries again later.
     """
 
     def __init__(
