@@ -57,7 +57,7 @@ class UsageJournalWriter(Protocol):
 
 
 #: A progress mark is journaled at each output item's end and after this many output tokens.
-MARK_EVERY_TOKENS = 256
+MARK_EVERY_TOKENS = 64
 
 
 class Pipeline:

@@ -20,7 +20,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from responses_cache.billing import Biller, CallableSink, JournalLocked, OpenEntry, UsageJournal, UsageRecord
+from responses_cache.billing import (
+    Biller,
+    CallableSink,
+    JournalLocked,
+    OpenEntry,
+    UsageJournal,
+    UsageRecord,
+)
 
 from .conftest import MemorySink, ids, journal_ids, make_record, wait_until
 
