@@ -90,9 +90,10 @@ class Biller:
     ``begin``, ``progress``, ``end`` and ``submit`` never block on the sink and never raise.
     ``batch_size`` caps records per ``sink.write``; ``flush_interval`` is how long the worker
     lets a partial batch fill; ``stop_timeout`` bounds how long ``stop()`` waits for the sink
-    (what it does not take stays in the journal for the next start). ``queue_size`` is how
-    many undelivered records may be held in memory (no journal, or a journal that cannot be
-    written) before a warning is logged; records are never dropped.
+    (what it does not take stays in the journal for the next start). ``queue_size`` bounds the
+    copies of journaled records kept in memory for delivery (beyond it, the worker reads them
+    back from the journal); without a journal (or one that cannot be written) it is how many
+    undelivered records are held in memory before a warning is logged. Nothing is dropped.
     """
 
     def __init__(
@@ -135,7 +136,9 @@ class Biller:
         self._max_retry_interval = max_retry_interval
         self._stop_timeout = stop_timeout
         self._journal = (
-            UsageJournal(journal_path, durability=durability) if journal_path is not None else None
+            UsageJournal(journal_path, durability=durability, memory_records=queue_size)
+            if journal_path is not None
+            else None
         )
 
         # Shared with the appenders, which may run on other threads.
@@ -517,11 +520,20 @@ class Biller:
         if journal is not None and journal.is_open:
             budget = journal.pending  # what was there when the pass began: new records wait
             while budget > 0 and not self._abort:
-                batch = await asyncio.to_thread(journal.read, self._batch_size)
+                # The closes appended by this process are in memory; only a backlog from before a
+                # restart (or one larger than queue_size) is read back from the file.
+                batch = journal.read_memory(self._batch_size)
+                if batch is None:
+                    batch = await asyncio.to_thread(journal.read, self._batch_size)
                 if batch.records and not await self._deliver(batch.records):
                     self._enter_degraded()
                     return
-                await asyncio.to_thread(journal.ack, batch)
+                if self._durability == "machine":  # a truncation is fdatasync'ed
+                    compact = await asyncio.to_thread(journal.ack, batch)
+                else:
+                    compact = journal.ack(batch)  # one append
+                if compact:
+                    await asyncio.to_thread(journal.compact)
                 if not batch.records:
                     break
                 budget -= len(batch.records)

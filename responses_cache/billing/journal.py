@@ -33,7 +33,9 @@ import logging
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -114,6 +116,10 @@ class JournalBatch(msgspec.Struct, frozen=True):
     """Byte offset of the first line read."""
     end: int
     """Byte offset just past the last line read."""
+    skipped: list[str] = []
+    """Closes passed over because an ``ack`` from before a restart covers them."""
+    from_memory: bool = False
+    """Taken from the in-memory copy of the closes appended since the journal was opened."""
 
 
 class _Live:
@@ -164,6 +170,7 @@ class UsageJournal:
         *,
         durability: Durability = "process",
         compact_min_bytes: int = 1 << 20,
+        memory_records: int = 10_000,
     ) -> None:
         if durability not in ("process", "machine"):
             raise ValueError("durability must be 'process' or 'machine'")
@@ -178,6 +185,11 @@ class UsageJournal:
         self._pending = 0  # closes not acked
         self._live: dict[str, _Live] = {}
         self._skip: set[str] = set()  # closes past the head already acked before a restart
+        # A copy of the unacked closes (with the offset just past each), so that delivery need
+        # not read the file back; valid while ``_mirrored`` (it holds every close past the head).
+        self._mirror: deque[tuple[UsageRecord, int]] = deque()
+        self._mirror_limit = memory_records
+        self._mirrored = True
         self._appended = 0  # logical bytes appended since open (never goes back)
         self._synced = 0
         self.recovered = 0
@@ -308,6 +320,12 @@ class UsageJournal:
             end = self._append_locked(data)
             self._live.pop(record.response_id, None)
             self._pending += 1
+            if self._mirrored:
+                if len(self._mirror) < self._mirror_limit:
+                    self._mirror.append((record, self._size))
+                else:  # too many to hold: delivery reads the file until it catches up
+                    self._mirrored = False
+                    self._mirror.clear()
             return end
 
     def _append_locked(self, data: bytes) -> int:
@@ -338,13 +356,28 @@ class UsageJournal:
 
     # -- delivery --------------------------------------------------------------------------
 
+    def read_memory(self, max_records: int) -> JournalBatch | None:
+        """Up to ``max_records`` closed records from the head without touching the file, or
+        ``None`` when they must be read from it (:meth:`read`). Never blocks on I/O."""
+        with self._lock:
+            if not self._mirrored or self._skip:
+                return None
+            taken = list(islice(self._mirror, max_records))
+            end = taken[-1][1] if taken else self._head
+            return JournalBatch([r for r, _ in taken], self._head, end, from_memory=True)
+
     def read(self, max_records: int) -> JournalBatch:
         """Up to ``max_records`` closed records from the head (does not consume them)."""
+        batch = self.read_memory(max_records)
+        if batch is not None:
+            return batch
         with self._lock:
             fd = self._require_open()
             start = pos = self._head
             end = self._size
+            skip = set(self._skip)
         records: list[UsageRecord] = []
+        skipped: list[str] = []
         carry = b""
         consumed = start
         while len(records) < max_records and pos < end:
@@ -363,21 +396,28 @@ class UsageJournal:
                 entry = self._decode(line)
                 if isinstance(entry, CloseEntry):
                     rid = entry.record.response_id
-                    if rid in self._skip:
-                        self._skip.discard(rid)
+                    if rid in skip:
+                        skipped.append(rid)
                     else:
                         records.append(entry.record)
             consumed += cut
             carry = data[cut:]
-        return JournalBatch(records=records, start=start, end=consumed)
+        return JournalBatch(records=records, start=start, end=consumed, skipped=skipped)
 
-    def ack(self, batch: JournalBatch) -> None:
-        """The sink accepted ``batch``: checkpoint it and drop the delivered prefix when worthwhile."""
+    def ack(self, batch: JournalBatch) -> bool:
+        """The sink accepted ``batch``: checkpoint it (one append), and truncate the file when
+        nothing in it is left to deliver. Returns ``True`` when :meth:`compact` is due."""
         ack = _encoder.encode(AckEntry([r.response_id for r in batch.records])) + b"\n"
         with self._lock:
             fd = self._require_open()
             if batch.start != self._head:
                 raise ValueError("journal batch is stale (acked twice or out of order)")
+            if batch.from_memory and self._mirrored:  # (the copy may have been dropped meanwhile)
+                for _ in batch.records:
+                    self._mirror.popleft()
+            elif not self._mirrored and batch.end >= self._size:
+                self._mirrored = True  # caught up: the closes appended from now on are mirrored
+            self._skip.difference_update(batch.skipped)
             self._pending = max(0, self._pending - len(batch.records))
             if not batch.records and batch.end >= self._size:
                 self._pending = 0  # nothing left to read, whatever the counter said
@@ -388,18 +428,19 @@ class UsageJournal:
                     os.fdatasync(fd)
                 self._head = self._size = self._pending = 0
                 self._skip.clear()
-                return
+                self._mirror.clear()
+                self._mirrored = True
+                return False
             if batch.records:
                 self._append_locked(ack)
             self._head = batch.end
-            compact = self._head >= self._compact_min_bytes and self._head * 2 >= self._size
-        if compact:
-            self._compact()
+            return self._head >= self._compact_min_bytes and self._head * 2 >= self._size
 
     # -- internals -------------------------------------------------------------------------
 
-    def _compact(self) -> None:
-        """Copy the live part (open responses + everything past the head) to a new file."""
+    def compact(self) -> None:
+        """Drop the delivered prefix: copy the live part (open responses' entries and
+        everything past the head) to ``<path>.compact`` and rename it over the file."""
         tmp = self._compact_path()
         with self._lock:
             fd = self._require_open()
@@ -430,6 +471,7 @@ class UsageJournal:
                         live.offset = new_offsets[rid]
                     elif live.offset >= head:
                         live.offset += shift
+                self._mirror = deque((record, end + shift) for record, end in self._mirror)
                 self._fd = new_fd
                 self._size += shift
                 self._head = len(prefix)
@@ -500,6 +542,8 @@ class UsageJournal:
             )
         self.recovered = len(orphans)
         self.replayed = self._pending
+        self._mirror.clear()
+        self._mirrored = self._pending == 0
         if self._pending:
             logger.info("billing journal %s holds %d undelivered records", self._path, self._pending)
 

@@ -228,6 +228,7 @@ _COLUMNS = (
     ("finished_at", "REAL NOT NULL"),
     ("transport", "TEXT NOT NULL"),
     ("previous_response_id", "TEXT"),
+    ("recovered", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 
@@ -272,6 +273,10 @@ class SqliteSink:
                 conn.execute("PRAGMA journal_mode=WAL")
                 columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
+                present = {row[1] for row in conn.execute(f"PRAGMA table_info({self._table})")}
+                for name, kind in _COLUMNS:
+                    if name not in present:  # a table made by an earlier version
+                        conn.execute(f"ALTER TABLE {self._table} ADD COLUMN {name} {kind}")
             except BaseException:
                 conn.close()
                 raise
@@ -295,6 +300,7 @@ class SqliteSink:
                 r.finished_at,
                 r.transport,
                 r.previous_response_id,
+                int(r.recovered),
             )
             for r in records
         ]
