@@ -4,7 +4,7 @@ Starts servers in this process, all on the simulated engine: one without billing
 Biller journals in ``process`` mode, one in ``machine`` mode (group-committed ``fdatasync``),
 and, for reference, one with a Biller but no journal (records in memory). Each billed server
 delivers to a JSONL sink. A WebSocket agent loop runs turns against all of them, one turn on
-each in turn, so they share the same machine noise, and the script prints p50/p95 turn latency
+each per round in a shuffled order, so they share the same machine noise, and the script prints p50/p95 turn latency
 (send → ``response.completed``) and the ratios to no billing.
 
     python benchmarks/billing_journal.py --turns 300
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -71,8 +72,11 @@ async def main_async(turns: int, instant: bool, directory: Path, warmup: int) ->
             asyncio.create_task(_loop(servers[mode].ws_url, turns + warmup, results[mode], gates[mode], dones[mode]))
             for mode in MODES
         ]
+        order = list(MODES)
+        shuffle = random.Random(1234).shuffle
         for _ in range(turns + warmup):  # one turn on each server, never two at once
-            for mode in MODES:
+            shuffle(order)  # so that no mode always follows the same neighbour's background work
+            for mode in order:
                 await gates[mode].put(None)
                 await dones[mode].get()
         await asyncio.gather(*tasks)

@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--billing-flush-interval", type=float, metavar="S", help="how long a partial batch waits for the sink (default 0.05)"
     )
     serve.add_argument(
-        "--billing-queue-size", type=int, metavar="N", help="records held in memory without a journal before a warning (default 10000)"
+        "--billing-queue-size", type=int, metavar="N", help="journaled records kept in memory for delivery (default 10000)"
     )
     serve.set_defaults(func=_serve)
     sub.add_parser("bench", help="benchmark the server over loopback (`responses-cache bench --help`)", add_help=False)

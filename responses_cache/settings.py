@@ -42,7 +42,8 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     billing_stop_timeout: float = 3.0
     #: How long a partial batch of records may wait before it is written to the sink.
     billing_flush_interval: float = 0.05
-    #: Undelivered records held in memory (no journal) before a warning is logged.
+    #: Journaled records also kept in memory for delivery (more are read back from the journal);
+    #: without a journal, undelivered records held in memory before a warning is logged.
     billing_queue_size: int = 10_000
     lifetime_s: float = 3600.0
     max_body_bytes: int = 16 * 1024 * 1024
