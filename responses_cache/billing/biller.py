@@ -236,27 +236,22 @@ class Biller:
     def end(self, record: UsageRecord) -> Awaitable[None] | None:
         """The response ended: journal its record for delivery. Call before its terminal event
         goes out, and in machine mode await the result. Never raises, never drops."""
-        try:
-            with self._lock:
-                self._submitted += 1
-            journal = self._journal
-            if journal is not None and self._state != "new":
-                try:
-                    end = journal.append_close(record)
-                except Exception:
-                    logger.exception(
-                        "could not append the usage record of %s to the billing journal %s; "
-                        "keeping it in memory",
-                        record.response_id,
-                        journal.path,
-                    )
-                else:
-                    self._notify()
-                    return self._durable_after(end) if journal.is_open else None
-            self._keep_in_memory(record)
-        except Exception:
-            logger.exception("Biller.end failed unexpectedly; keeping the record in memory")
-            self._memory.append(record)
+        journal = self._journal
+        if journal is not None and self._state != "new":
+            try:
+                end = journal.append_close(record)
+            except Exception:
+                logger.exception(
+                    "could not append the usage record of %s to the billing journal %s; keeping it in memory",
+                    record.response_id,
+                    journal.path,
+                )
+            else:
+                with self._lock:
+                    self._submitted += 1
+                self._notify()
+                return self._durable_after(end) if journal.is_open else None
+        self._keep_in_memory(record)
         return None
 
     def submit(self, record: UsageRecord) -> None:
@@ -368,22 +363,30 @@ class Biller:
 
     def _keep_in_memory(self, record: UsageRecord) -> None:
         with self._lock:
+            self._submitted += 1
             self._memory.append(record)
             depth = len(self._memory)
-        if self._state == "stopped":
-            # No worker will deliver it; the journal (if any) is the last resort.
-            self._after_stop([record])
-            return
-        if depth > self._queue_size:
-            now = time.monotonic()
-            if now - self._memory_warned_at >= _MEMORY_WARN_EVERY:
-                self._memory_warned_at = now
-                logger.warning(
-                    "holding %d undelivered usage records in memory (no usable billing journal); "
-                    "configure journal_path so that they survive a crash",
-                    depth,
-                )
-        self._notify()
+        try:
+            if self._state == "stopped":
+                # No worker will deliver it; the journal (if any) is the last resort.
+                self._after_stop([record])
+                return
+            if depth > self._queue_size:
+                self._warn_memory(depth)
+            if depth == 1 or depth == self._batch_size:  # the worker recounts when it wakes
+                self._notify()
+        except Exception:
+            logger.exception("could not hand the usage record of %s to the worker", record.response_id)
+
+    def _warn_memory(self, depth: int) -> None:
+        now = time.monotonic()
+        if now - self._memory_warned_at >= _MEMORY_WARN_EVERY:
+            self._memory_warned_at = now
+            logger.warning(
+                "holding %d undelivered usage records in memory (no usable billing journal); "
+                "configure journal_path so that they survive a crash",
+                depth,
+            )
 
     def _after_stop(self, records: list[UsageRecord]) -> None:
         journal = self._journal
