@@ -439,6 +439,8 @@ class Biller:
         while True:
             self._sync_needed.wait()
             if self._sync_stop.is_set():
+                with contextlib.suppress(Exception):
+                    journal.sync()  # a last commit for anyone still waiting
                 break
             self._sync_needed.clear()
             wait = last + self._commit_interval - time.monotonic()
