@@ -171,7 +171,7 @@ def _wait_for(predicate: Any, limit: float = 30) -> None:
 def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
     ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
     args = ("--billing-jsonl", str(ledger), "--billing-journal", str(journal))
-    seen = _load_then_kill(Server(*args), 150)
+    seen = _load_then_kill(Server(*args), 100)
 
     def ledger_records() -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
@@ -238,7 +238,7 @@ def webhook() -> Iterator[Webhook]:
 def test_sigkill_during_a_webhook_outage_loses_no_record(tmp_path: Path, webhook: Webhook) -> None:
     journal = tmp_path / "billing.journal"
     args = ("--billing-webhook", webhook.url, "--billing-journal", str(journal))
-    seen = _load_then_kill(Server(*args), 150)
+    seen = _load_then_kill(Server(*args), 100)
     assert webhook.failures > 0 and not webhook.received  # the outage was real
     with webhook.lock:
         webhook.failing = False
