@@ -652,3 +652,70 @@ def test_every_record_delivered_exactly_once(
     with tempfile.TemporaryDirectory() as tmp:
         sink = asyncio.run(scenario(Path(tmp) / "billing.journal" if use_journal else None))
     assert sorted(sink.written) == sorted(ids(n))  # every id, none twice
+
+
+# -- property: a crash anywhere -> every begun response billed, ended ones as they ended ------
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(["begin", "mark", "end", "flush", "down", "up"]), st.integers(0, 19)),
+    max_size=120),
+    batch_size=st.integers(1, 8),
+    queue_size=st.integers(1, 12),
+    compact_at=st.sampled_from([256, 1 << 20]),
+)
+def test_a_crash_at_any_point_bills_every_begun_response(
+    ops: list[tuple[str, int]], batch_size: int, queue_size: int, compact_at: int
+) -> None:
+    async def scenario(path: Path) -> tuple[MemorySink, set[int], dict[int, int]]:
+        sink = MemorySink()
+        biller = Biller(sink, journal_path=path, batch_size=batch_size, queue_size=queue_size, flush_interval=3600)
+        await biller.start()
+        journal = biller.journal
+        assert journal is not None
+        journal._compact_min_bytes = compact_at
+        begun: set[int] = set()
+        ended: set[int] = set()
+        marks: dict[int, int] = {}
+        for op, i in ops:
+            if op == "begin" and i not in begun:
+                begun.add(i)
+                biller.begin(open_entry(i))
+            elif op == "mark" and i in begun and i not in ended:
+                marks[i] = marks.get(i, 0) + 7
+                biller.progress(f"resp_{i:06d}", marks[i], 1)
+            elif op == "end" and i in begun and i not in ended:
+                ended.add(i)
+                biller.end(make_record(i))
+            elif op == "flush":
+                await biller.flush()
+            else:
+                sink.down = op == "down"
+        # crash: the worker and the file vanish without stop()
+        assert biller._worker is not None
+        biller._worker.cancel()
+        os.close(journal._fd)  # type: ignore[arg-type]
+        journal._fd = None
+        after = MemorySink()
+        async with Biller(after, journal_path=path, batch_size=batch_size) as second:
+            assert await second.flush()
+        both = MemorySink()
+        both.batches = sink.batches + after.batches
+        open_marks = {i: marks.get(i, 0) for i in begun - ended}
+        return both, ended, open_marks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sink, ended, open_marks = asyncio.run(scenario(Path(tmp) / "billing.journal"))
+    records: dict[str, list[UsageRecord]] = {}
+    for batch in sink.batches:
+        for r in batch:
+            records.setdefault(r.response_id, []).append(r)
+    assert set(records) == {f"resp_{i:06d}" for i in ended | set(open_marks)}
+    for copies in records.values():
+        assert all(c == copies[0] for c in copies)  # a repeat is the very same record
+    for i in ended:
+        assert records[f"resp_{i:06d}"][0] == make_record(i)
+    for i, tokens in open_marks.items():
+        record = records[f"resp_{i:06d}"][0]
+        assert record.status == "cancelled" and record.recovered and record.output_tokens == tokens
