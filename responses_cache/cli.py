@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
         backend = load_backend(settings.backend, **options)
         billing = _biller(settings)
         store = _store(settings)
-    except (LookupError, TypeError, ValueError, ImportError) as exc:
+    except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
     metrics = None
@@ -81,7 +81,7 @@ def _store(settings: ServeSettings) -> ResponseStore | None:
 
 
 def _biller(settings: ServeSettings) -> Biller | None:
-    from .billing import Biller, JsonlSink, SqliteSink, WebhookSink
+    from .billing import Biller, JsonlSink, SqliteSink, UsageJournal, WebhookSink
 
     chosen = [
         (kind, value)
@@ -91,18 +91,32 @@ def _biller(settings: ServeSettings) -> Biller | None:
         if value
     ]
     if not chosen:
+        if settings.billing_journal:
+            raise ValueError(
+                "billing_journal needs a sink to deliver to: add billing_jsonl, billing_sqlite or billing_webhook"
+            )
         return None
     if len(chosen) > 1:
         raise ValueError("choose one of billing_jsonl, billing_sqlite, billing_webhook")
     kind, value = chosen[0]
+    if settings.billing_journal:
+        UsageJournal.probe(settings.billing_journal)  # a second server on one journal fails here
     sink = JsonlSink(value) if kind == "jsonl" else SqliteSink(value) if kind == "sqlite" else WebhookSink(value)
-    return Biller(sink, spill_path=settings.billing_spill)
+    return Biller(
+        sink,
+        journal_path=settings.billing_journal,
+        durability=settings.billing_durability,
+        stop_timeout=settings.billing_stop_timeout,
+        flush_interval=settings.billing_flush_interval,
+        queue_size=settings.billing_queue_size,
+    )
 
 
 #: Settings that have a command-line option of the same name.
 _OPTIONS = (
     "backend", "host", "port", "instant", "renderer", "log_level", "prometheus",
-    "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_spill", "lifetime_s", "store",
+    "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_journal", "billing_durability",
+    "billing_stop_timeout", "billing_flush_interval", "billing_queue_size", "lifetime_s", "store",
     "hot_cache_bytes",
 )
 
@@ -125,7 +139,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--billing-sqlite", metavar="PATH", help="write usage records to a SQLite database")
     serve.add_argument("--billing-webhook", metavar="URL", help="POST usage records to a webhook (needs the webhook extra)")
     serve.add_argument(
-        "--billing-spill", metavar="PATH", help="write-ahead spill file for records the sink cannot take yet (replayed at start)"
+        "--billing-journal", metavar="PATH",
+        help="write-ahead usage journal (needs a sink; replayed at start; one per server process)",
+    )
+    serve.add_argument(
+        "--billing-durability", choices=("process", "machine"),
+        help="journal durability: process (default; survives kill -9) or machine (fdatasync; survives power loss)",
+    )
+    serve.add_argument("--billing-stop-timeout", type=float, metavar="S", help="how long shutdown waits for the sink (default 3)")
+    serve.add_argument(
+        "--billing-flush-interval", type=float, metavar="S", help="how long a partial batch waits for the sink (default 0.05)"
+    )
+    serve.add_argument(
+        "--billing-queue-size", type=int, metavar="N", help="journaled records kept in memory for delivery (default 10000)"
     )
     serve.add_argument(
         "--store", metavar="URL", help="memory (default: this process only) or redis://HOST:PORT/DB (shared; redis extra)"

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -33,7 +33,18 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     billing_jsonl: str | None = None
     billing_sqlite: str | None = None
     billing_webhook: str | None = None
-    billing_spill: str | None = None
+    #: The write-ahead usage journal (needs one of the sinks above); one per server process.
+    billing_journal: str | None = None
+    #: ``process`` (survives kill -9; no fsync on the turn's path) or ``machine`` (group-committed
+    #: ``fdatasync``; survives power loss).
+    billing_durability: Literal["process", "machine"] = "process"
+    #: How long shutdown waits for the sink; what it has not taken stays in the journal.
+    billing_stop_timeout: float = 3.0
+    #: How long a partial batch of records may wait before it is written to the sink.
+    billing_flush_interval: float = 0.05
+    #: Journaled records also kept in memory for delivery (more are read back from the journal);
+    #: without a journal, undelivered records held in memory before a warning is logged.
+    billing_queue_size: int = 10_000
     lifetime_s: float = 3600.0
     max_body_bytes: int = 16 * 1024 * 1024
     process_cache_bytes: int = 4 * 1024**3

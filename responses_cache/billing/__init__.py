@@ -1,12 +1,15 @@
-"""Overlapped, loss-free async billing.
+"""Overlapped, loss-free async billing through a write-ahead usage journal.
 
-Turn code calls :meth:`Biller.submit` with one :class:`UsageRecord` per finished or cancelled
-response and moves on; a single background worker batches records into a
-:class:`BillingSink`, spilling to a local write-ahead file while the sink is down and replaying
-it when the sink (or the next process) comes back. See ``docs/billing.md``.
+Turn code tells a :class:`Biller` when a response begins, how far it got (progress marks) and
+its final :class:`UsageRecord`; each is one append to a local :class:`UsageJournal`. A single
+background worker delivers closed records from the journal to a :class:`BillingSink` in
+batches and checkpoints what the sink accepted. After a crash, the next start delivers what was
+not acknowledged and bills responses cut off mid-stream as ``cancelled``. See
+``docs/billing.md``.
 """
 
 from .biller import Biller, BillerStats
+from .journal import Durability, JournalBatch, JournalLocked, MarkEntry, OpenEntry, UsageJournal
 from .record import (
     UsageRecord,
     UsageStatus,
@@ -25,19 +28,21 @@ from .sinks import (
     WebhookError,
     WebhookSink,
 )
-from .spill import SpillBatch, SpillFile, SpillFileLocked
 
 __all__ = [
     "Biller",
     "BillerStats",
     "BillingSink",
     "CallableSink",
+    "Durability",
+    "JournalBatch",
+    "JournalLocked",
     "JsonlSink",
+    "MarkEntry",
+    "OpenEntry",
     "RecordsCallback",
-    "SpillBatch",
-    "SpillFile",
-    "SpillFileLocked",
     "SqliteSink",
+    "UsageJournal",
     "UsageRecord",
     "UsageStatus",
     "WebhookError",

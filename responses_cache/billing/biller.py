@@ -1,21 +1,28 @@
-"""The Biller: takes usage records off the request path and delivers them without loss.
+"""The Biller: a write-ahead usage journal on the turn's path, delivery to the sink off it.
 
-``submit()`` is a plain synchronous call that appends to an in-memory queue and returns; one
-background worker task batches the queue into the :class:`~responses_cache.billing.BillingSink`.
-Billing therefore overlaps with the next turn instead of delaying this one.
+The turn tells the Biller three things about each response, each a plain synchronous call that
+appends one line to the :class:`~responses_cache.billing.journal.UsageJournal`:
 
-Where a record can be, and how it moves::
+* :meth:`Biller.begin` when the response is created (before ``response.created`` goes out),
+* :meth:`Biller.progress` as output items end (progress marks),
+* :meth:`Biller.end` with the final :class:`UsageRecord` (before the terminal event goes out).
 
-    submit() ──▶ queue (≤ queue_size) ──batch──▶ sink.write()  ✓ delivered
-        │ full          │ sink failing / write failed
-        ▼               ▼
-      spill file (fsync'ed JSONL; or an in-memory overflow deque without spill_path)
-        └──────── replayed in order when the sink recovers, and at start() ────────▶ sink
+One background worker reads closed records from the journal, writes them to the
+:class:`~responses_cache.billing.BillingSink` in batches and checkpoints each accepted batch
+(``ack``). A record therefore never waits only in memory: a slow or failing sink just leaves
+it in the journal, where the next process finds it after a crash. Billing overlaps the next
+turn instead of delaying this one.
 
-While the sink is failing ("degraded"), the worker moves new batches straight to the spill and
-retries the oldest spilled batch with exponential backoff (``retry_interval`` doubling up to
-``max_retry_interval``, with jitter). ``stop()`` gives the sink one last chance, spills whatever
-it does not accept, and leaves the spill for the next process's ``start()``.
+Durability (``durability=``):
+
+* ``"process"``: each append is an ``os.write`` before the event goes out; it survives a kill
+  of the process (the kernel has the bytes). No ``fsync`` on the turn's path.
+* ``"machine"``: additionally, a group commit thread runs ``fdatasync`` at most every
+  ``commit_interval`` seconds, and ``begin``/``end`` return an awaitable that the turn awaits
+  before sending ``response.created`` / the terminal event; it survives power loss.
+
+Without a journal (``journal_path=None``) the Biller keeps undelivered records in memory:
+they survive sink outages while the process lives, not a crash.
 """
 
 from __future__ import annotations
@@ -28,16 +35,15 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from itertools import islice
+from collections.abc import Awaitable, Iterable
 from types import TracebackType
 from typing import Final, Literal
 
 import msgspec
 
+from .journal import Durability, MarkEntry, OpenEntry, UsageJournal
 from .record import UsageRecord, encode_record
 from .sinks import BillingSink
-from .spill import SpillFile
 
 __all__ = ["Biller", "BillerStats"]
 
@@ -51,58 +57,58 @@ class _Default:
 
 
 _DEFAULT: Final = _Default()
-_OVERFLOW_WARN_EVERY: Final = 60.0  # seconds between "in-memory overflow" warnings
+_MEMORY_WARN_EVERY: Final = 60.0  # seconds between "records held in memory" warnings
 
 
 class BillerStats(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of a :class:`Biller`'s counters."""
 
     submitted: int
-    """Records passed to ``submit()`` on this Biller."""
+    """Records ended (``end()``/``submit()``) on this Biller."""
     delivered: int
-    """Records accepted by the sink (including ones replayed from an earlier run's spill)."""
-    spilled: int
-    """Records written to the spill file (a record can be counted more than once)."""
-    overflowed: int
-    """Records put in the in-memory overflow (no spill file configured, or it failed)."""
+    """Records accepted by the sink (including ones replayed from an earlier run's journal)."""
     pending: int
-    """Records not yet accepted by the sink: queued, in flight, spilled or in the overflow."""
+    """Records not yet accepted by the sink (in the journal or, without one, in memory)."""
+    in_memory: int
+    """Undelivered records held only in memory (no journal, or appending to it failed)."""
+    open_responses: int
+    """Responses begun and not yet ended (journal mode)."""
+    recovered: int
+    """Responses found cut off by a crash at start, billed as ``cancelled``."""
     sink_errors: int
     """Failed (or cancelled) ``sink.write`` calls."""
     degraded: bool
-    """The last sink write failed; new records go to the spill until a retry succeeds."""
+    """The last sink write failed; the worker retries with backoff."""
 
 
 class Biller:
-    """Overlapped, loss-free delivery of usage records to a :class:`BillingSink`.
+    """Loss-free delivery of usage records to a :class:`BillingSink`, through a journal.
 
     Use it from an ASGI lifespan (``await biller.start()`` on startup, ``await biller.stop()``
-    on shutdown) or as ``async with Biller(sink) as biller: ...``.
+    on shutdown) or as ``async with Biller(sink, journal_path=...) as biller: ...``.
 
-    ``submit(record)`` never blocks on the sink and never raises. It is thread-safe, so sync
-    route handlers running in a thread pool may call it too. When the queue holds
-    ``queue_size`` records, further records are appended to the spill file synchronously (a
-    disk write, as back-pressure); with no ``spill_path`` they go to an unbounded in-memory
-    overflow deque instead, because a record is never dropped. Configure ``spill_path`` in
-    production: it bounds memory and makes undelivered records survive a restart.
-
-    ``batch_size`` caps records per ``sink.write``. ``flush_interval`` is how long the worker
-    lets a partial batch fill before writing it. ``stop_timeout`` bounds how long ``stop()``
-    waits for the sink before cancelling the in-flight write and spilling the rest.
+    ``begin``, ``progress``, ``end`` and ``submit`` never block on the sink and never raise.
+    ``batch_size`` caps records per ``sink.write``; ``flush_interval`` is how long the worker
+    lets a partial batch fill; ``stop_timeout`` bounds how long ``stop()`` waits for the sink
+    (what it does not take stays in the journal for the next start). ``queue_size`` bounds the
+    copies of journaled records kept in memory for delivery (beyond it, the worker reads them
+    back from the journal); without a journal (or one that cannot be written) it is how many
+    undelivered records are held in memory before a warning is logged. Nothing is dropped.
     """
 
     def __init__(
         self,
         sink: BillingSink,
         *,
+        journal_path: str | os.PathLike[str] | None = None,
+        durability: Durability = "process",
         queue_size: int = 10_000,
         batch_size: int = 256,
         flush_interval: float = 0.05,
-        spill_path: str | os.PathLike[str] | None = None,
+        commit_interval: float = 0.002,
         retry_interval: float = 0.5,
         max_retry_interval: float = 30.0,
-        stop_timeout: float | None = 30.0,
-        spill_fsync: bool = True,
+        stop_timeout: float | None = 3.0,
     ) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be >= 1")
@@ -110,27 +116,36 @@ class Biller:
             raise ValueError("batch_size must be >= 1")
         if flush_interval < 0:
             raise ValueError("flush_interval must be >= 0")
+        if commit_interval < 0:
+            raise ValueError("commit_interval must be >= 0")
         if retry_interval <= 0 or max_retry_interval < retry_interval:
             raise ValueError("need 0 < retry_interval <= max_retry_interval")
+        if stop_timeout is not None and stop_timeout < 0:
+            raise ValueError("stop_timeout must be >= 0")
+        if durability not in ("process", "machine"):
+            raise ValueError("durability must be 'process' or 'machine'")
+        if durability == "machine" and journal_path is None:
+            raise ValueError("durability='machine' needs a journal_path")
         self._sink = sink
+        self._durability: Durability = durability
         self._queue_size = queue_size
         self._batch_size = batch_size
         self._flush_interval = flush_interval
+        self._commit_interval = commit_interval
         self._retry_interval = retry_interval
         self._max_retry_interval = max_retry_interval
         self._stop_timeout = stop_timeout
-        self._spill = SpillFile(spill_path, fsync=spill_fsync) if spill_path is not None else None
+        self._journal = (
+            UsageJournal(journal_path, durability=durability, memory_records=queue_size)
+            if journal_path is not None
+            else None
+        )
 
-        # Shared with submit(), which may run on other threads.
+        # Shared with the appenders, which may run on other threads.
         self._lock = threading.Lock()
-        self._queue: deque[UsageRecord] = deque()
-        self._overflow: deque[UsageRecord] = deque()
-        self._closed = False  # set when stop() begins: submit() bypasses the queue
-        self._finalized = False  # set once stop() no longer drains anything
+        self._memory: deque[UsageRecord] = deque()
         self._submitted = 0
-        self._spilled = 0
-        self._overflowed = 0
-        self._overflow_warned_at = -_OVERFLOW_WARN_EVERY
+        self._memory_warned_at = -_MEMORY_WARN_EVERY
 
         # Owned by the event loop thread.
         self._state: _State = "new"
@@ -141,15 +156,19 @@ class Biller:
         self._worker: asyncio.Task[None] | None = None
         self._write_task: asyncio.Task[None] | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
-        self._in_flight: Sequence[UsageRecord] = ()
         self._stopping = False
-        self._stopped = False
         self._abort = False
         self._degraded = False
         self._retry_delay = retry_interval
         self._retry_at = 0.0
         self._delivered = 0
         self._sink_errors = 0
+
+        # Group commit (machine mode).
+        self._sync_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._sync_needed = threading.Event()
+        self._sync_stop = threading.Event()
+        self._syncer: threading.Thread | None = None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -158,8 +177,12 @@ class Biller:
         return self._sink
 
     @property
-    def spill(self) -> SpillFile | None:
-        return self._spill
+    def journal(self) -> UsageJournal | None:
+        return self._journal
+
+    @property
+    def durability(self) -> Durability:
+        return self._durability
 
     @property
     def submitted(self) -> int:
@@ -170,79 +193,118 @@ class Biller:
         return self._delivered
 
     @property
-    def spilled(self) -> int:
-        return self._spilled
-
-    @property
     def pending(self) -> int:
-        spill = self._spill.pending if self._spill is not None else 0
-        return len(self._queue) + len(self._in_flight) + len(self._overflow) + spill
+        journal = self._journal.pending if self._journal is not None else 0
+        return len(self._memory) + journal
 
     def stats(self) -> BillerStats:
+        journal = self._journal
         return BillerStats(
             submitted=self._submitted,
             delivered=self._delivered,
-            spilled=self._spilled,
-            overflowed=self._overflowed,
             pending=self.pending,
+            in_memory=len(self._memory),
+            open_responses=journal.live if journal is not None else 0,
+            recovered=journal.recovered if journal is not None else 0,
             sink_errors=self._sink_errors,
             degraded=self._degraded,
         )
 
-    def submit(self, record: UsageRecord) -> None:
-        """Hand a record to the Biller. Synchronous, thread-safe; never blocks on the sink and
-        never raises (a full queue costs one spill append)."""
-        stored = False
+    def begin(self, entry: OpenEntry) -> Awaitable[None] | None:
+        """A response was created: journal its open entry. Call before ``response.created``
+        goes out, and in machine mode await the result (``None`` means nothing to wait for)."""
+        journal = self._journal
+        if journal is None or not journal.is_open:
+            return None
         try:
-            notify = False
-            with self._lock:
-                self._submitted += 1
-                closed = self._closed
-                depth = len(self._queue)
-                if not closed and depth < self._queue_size:
-                    self._queue.append(record)
-                    stored = True
-                    notify = depth == 0 or depth + 1 == self._batch_size
-            if not stored:
-                self._store([record], late=closed)
-                stored = True
-            elif notify:
-                self._notify()
+            end = journal.append_open(entry)
         except Exception:
-            logger.exception("Biller.submit failed unexpectedly; keeping the record in memory")
-            if not stored:
-                self._overflow.append(record)
+            logger.exception("could not journal the start of %s; it is billed when it ends", entry.id)
+            return None
+        return self._durable_after(end)
+
+    def progress(self, response_id: str, output_tokens: int, reasoning_tokens: int = 0) -> None:
+        """A progress mark: ``output_tokens`` generated so far (billed if the process dies)."""
+        journal = self._journal
+        if journal is None or not journal.is_open:
+            return
+        try:
+            journal.append_mark(MarkEntry(response_id, output_tokens, reasoning_tokens, time.time()))
+        except Exception:
+            logger.exception("could not journal a progress mark of %s", response_id)
+
+    def end(self, record: UsageRecord) -> Awaitable[None] | None:
+        """The response ended: journal its record for delivery. Call before its terminal event
+        goes out, and in machine mode await the result. Never raises, never drops."""
+        journal = self._journal
+        if journal is not None and self._state != "new":
+            try:
+                end = journal.append_close(record)
+            except Exception:
+                logger.exception(
+                    "could not append the usage record of %s to the billing journal %s; keeping it in memory",
+                    record.response_id,
+                    journal.path,
+                )
+            else:
+                with self._lock:
+                    self._submitted += 1
+                self._notify()
+                return self._durable_after(end) if journal.is_open else None
+        self._keep_in_memory(record)
+        return None
+
+    def submit(self, record: UsageRecord) -> None:
+        """:meth:`end` without waiting for the group commit (the older one-call interface)."""
+        self.end(record)
 
     async def start(self) -> None:
-        """Open (and replay) the spill file and start the worker. Idempotent while running."""
+        """Open (and replay) the journal and start the worker. Idempotent while running.
+
+        Raises :class:`~responses_cache.billing.JournalLocked` if another process owns the
+        journal.
+        """
         if self._state in ("starting", "running", "stopping"):
             return
         if self._state == "stopped":
             raise RuntimeError("a stopped Biller cannot be restarted; create a new one")
         self._state = "starting"
         try:
-            if self._spill is not None:
-                await asyncio.to_thread(self._spill.open)
+            if self._journal is not None:
+                await asyncio.to_thread(self._journal.open)
         except BaseException:
             self._state = "new"
             raise
-        if self._state != "starting":  # stop() ran while the spill was opening
-            if self._spill is not None:
-                await asyncio.to_thread(self._spill.close)
+        if self._state != "starting":  # stop() ran while the journal was opening
+            if self._journal is not None:
+                await asyncio.to_thread(self._journal.close)
             return
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        if self._journal is not None and self._memory:  # ended before start(): journal them now
+            with self._lock:
+                early = list(self._memory)
+                self._memory.clear()
+            for record in early:
+                try:
+                    self._journal.append_close(record)
+                except Exception:
+                    logger.exception("could not journal the usage record of %s", record.response_id)
+                    self._memory.append(record)
         self._wake = asyncio.Event()
         self._stop_lock = asyncio.Lock()
+        if self._durability == "machine":
+            self._syncer = threading.Thread(target=self._sync_loop, name="responses_cache.billing.sync", daemon=True)
+            self._syncer.start()
         self._worker = self._loop.create_task(self._run(), name="responses_cache.billing")
         self._state = "running"
         self._wake.set()
 
     async def flush(self) -> bool:
-        """Deliver everything submitted so far now (no linger, no backoff wait).
+        """Make one delivery attempt now (no linger, no backoff wait).
 
-        Makes one delivery attempt for the queue and the spill; returns ``True`` if nothing is
-        pending afterwards, ``False`` if the sink is still failing (records stay spilled).
+        Returns ``True`` if nothing is pending afterwards, ``False`` if the sink is still
+        failing (the records stay in the journal, or in memory without one).
         """
         if self._state == "new":
             raise RuntimeError("Biller.flush() called before start()")
@@ -255,41 +317,35 @@ class Biller:
         return self.pending == 0
 
     async def stop(self, timeout: float | _Default | None = _DEFAULT) -> None:
-        """Drain the queue into the sink, spill what it does not accept, close the sink.
+        """Give the sink one last chance, then close the journal and the sink. Idempotent.
 
-        Idempotent. ``timeout`` (default: the ``stop_timeout`` given to the constructor)
-        bounds the wait for the sink; after it, the in-flight write is cancelled and every
-        record not yet accepted is spilled. Nothing is dropped.
+        ``timeout`` (default: ``stop_timeout``) bounds the wait for the sink; after it the
+        in-flight write is cancelled. Whatever the sink did not accept stays in the journal
+        for the next start (without a journal it is logged at ERROR, one JSON line a record).
         """
         limit = self._stop_timeout if isinstance(timeout, _Default) else timeout
         if self._state == "stopped":
             return
         if self._state == "new" and self.pending:
-            # Never started, but holding records: run the worker once to deliver them.
             try:
                 await self.start()
             except Exception:
                 logger.exception("could not start the Biller to drain it on stop()")
         if self._state in ("new", "starting") or self._stop_lock is None:
-            await self._close_never_started()
+            self._state = "stopped"
+            await self._finish(limit)
             return
         async with self._stop_lock:
-            if self._stopped:
+            if self._stopping:  # a concurrent stop() did it
                 return
             self._state = "stopping"
-            with self._lock:
-                self._closed = True
             self._stopping = True
             self._poke()
             worker = self._worker
             if worker is not None:
                 await self._await_worker(worker, limit)
-            self._finalize()
-            if self._spill is not None:
-                await asyncio.to_thread(self._spill.close)
-            await self._close_sink(limit)
             self._state = "stopped"
-            self._stopped = True
+            await self._finish(limit)
 
     async def __aenter__(self) -> Biller:
         await self.start()
@@ -303,41 +359,61 @@ class Biller:
     ) -> None:
         await self.stop()
 
-    # -- submit helpers (any thread) -------------------------------------------------------
+    # -- appenders' helpers (any thread) ---------------------------------------------------
 
-    def _store(self, records: list[UsageRecord], *, late: bool = False) -> None:
-        """Put records in the spill file, or the overflow if there is none or it fails."""
-        if self._spill is not None:
-            try:
-                self._spill.append(records)
-            except Exception:
-                logger.exception(
-                    "could not append %d usage records to the billing spill %s; "
-                    "keeping them in memory",
-                    len(records),
-                    self._spill.path,
-                )
-            else:
-                with self._lock:
-                    self._spilled += len(records)
-                return
+    def _keep_in_memory(self, record: UsageRecord) -> None:
         with self._lock:
-            was_empty = not self._overflow
-            self._overflow.extend(records)
-            self._overflowed += len(records)
-        if late and self._finalized:
-            _log_undeliverable(records)
-        elif was_empty:
-            self._warn_overflow()
+            self._submitted += 1
+            self._memory.append(record)
+            depth = len(self._memory)
+        try:
+            if self._state == "stopped":
+                # No worker will deliver it; the journal (if any) is the last resort.
+                self._after_stop([record])
+                return
+            if depth > self._queue_size:
+                self._warn_memory(depth)
+            if depth == 1 or depth == self._batch_size:  # the worker recounts when it wakes
+                self._notify()
+        except Exception:
+            logger.exception("could not hand the usage record of %s to the worker", record.response_id)
 
-    def _warn_overflow(self) -> None:
+    def _warn_memory(self, depth: int) -> None:
         now = time.monotonic()
-        if now - self._overflow_warned_at >= _OVERFLOW_WARN_EVERY:
-            self._overflow_warned_at = now
+        if now - self._memory_warned_at >= _MEMORY_WARN_EVERY:
+            self._memory_warned_at = now
             logger.warning(
-                "holding usage records in an in-memory overflow (queue full or sink failing, "
-                "and no usable spill file); configure spill_path to bound memory"
+                "holding %d undelivered usage records in memory (no usable billing journal); "
+                "configure journal_path so that they survive a crash",
+                depth,
             )
+
+    def _after_stop(self, records: list[UsageRecord]) -> None:
+        journal = self._journal
+        for record in records:
+            try:
+                if journal is None:
+                    raise RuntimeError("no journal")
+                journal.append_close(record)  # one-shot: open, lock, append, close
+            except Exception:
+                _log_undeliverable([record])  # stays counted as pending
+            else:
+                with self._lock, contextlib.suppress(ValueError):
+                    self._memory.remove(record)
+
+    def _durable_after(self, end: int) -> Awaitable[None] | None:
+        """In machine mode, a future resolved once the journal is synced up to ``end``."""
+        if self._durability != "machine" or self._syncer is None:
+            return None
+        loop = self._loop
+        if loop is None or threading.get_ident() != self._loop_thread:
+            self._sync_needed.set()  # synced soon; a thread has no loop future to await
+            return None
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._sync_waiters.append((end, future))
+        self._sync_needed.set()
+        return future
 
     def _notify(self) -> None:
         """Wake the worker from any thread."""
@@ -354,6 +430,44 @@ class Biller:
         if self._wake is not None:
             self._wake.set()
 
+    # -- group commit (machine mode) -------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        journal = self._journal
+        assert journal is not None
+        last = 0.0
+        while True:
+            self._sync_needed.wait()
+            if self._sync_stop.is_set():
+                with contextlib.suppress(Exception):
+                    journal.sync()  # a last commit for anyone still waiting
+                break
+            self._sync_needed.clear()
+            wait = last + self._commit_interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # let more appends join this commit
+            last = time.monotonic()
+            try:
+                synced = journal.sync()
+            except Exception:
+                # The bytes are written (they survive a kill of the process); a turn must not
+                # hang on a disk that cannot sync, so the waiters are released and it is logged.
+                logger.exception("fdatasync of the billing journal %s failed", journal.path)
+                synced = journal.appended
+            self._release_synced(synced)
+        self._release_synced(None)
+
+    def _release_synced(self, synced: int | None) -> None:
+        with self._lock:
+            ready = [f for end, f in self._sync_waiters if synced is None or end <= synced]
+            self._sync_waiters = [(e, f) for e, f in self._sync_waiters if synced is not None and e > synced]
+        if not ready:
+            return
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, ready)
+
     # -- worker ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -366,17 +480,11 @@ class Biller:
                     await self._pass(force=stopping or bool(waiters))
                 except Exception:
                     logger.exception("billing worker pass failed")
-                    self._rescue_in_flight()
-                    if stopping:
-                        break
                     self._enter_degraded()
                 finally:
                     _resolve(waiters)
                 if stopping:
                     break
-        except asyncio.CancelledError:
-            self._emergency_spill()
-            raise
         finally:
             waiters, self._flush_waiters = self._flush_waiters, []
             _resolve(waiters)
@@ -389,21 +497,18 @@ class Biller:
             wake.clear()
             if self._stopping or self._flush_waiters:
                 return
-            depth = len(self._queue)
-            if depth >= self._batch_size:
-                return
-            backlog = self._has_backlog()
-            if backlog and not self._degraded:
-                return
+            pending = self.pending
             now = loop.time()
             timeout: float | None = None
-            if depth:
-                if linger_deadline is None:
-                    linger_deadline = now + self._flush_interval
-                timeout = linger_deadline - now
-            if backlog:
-                until_retry = self._retry_at - now
-                timeout = until_retry if timeout is None else min(timeout, until_retry)
+            if pending:
+                if self._degraded:
+                    timeout = self._retry_at - now
+                elif pending >= self._batch_size:
+                    return
+                else:
+                    if linger_deadline is None:
+                        linger_deadline = now + self._flush_interval
+                    timeout = linger_deadline - now
             if timeout is not None and timeout <= 0:
                 return
             try:
@@ -412,66 +517,45 @@ class Biller:
                 return
 
     async def _pass(self, *, force: bool) -> None:
-        """Replay the backlog if due, then move everything queued now to the sink or spill."""
+        """Deliver the journal's closed records, then the in-memory ones; stop at a failure."""
         assert self._loop is not None
-        due = force or not self._degraded or self._loop.time() >= self._retry_at
-        if due and not self._abort and self._has_backlog():
-            await self._replay_backlog()
-        remaining = len(self._queue)
-        while remaining > 0:
-            bypass = self._degraded or self._abort
-            with self._lock:
-                take = min(remaining if bypass else self._batch_size, remaining, len(self._queue))
-                batch = [self._queue.popleft() for _ in range(take)]
-            if not batch:
-                break
-            remaining -= len(batch)
-            # Until it is delivered or persisted, the batch exists only here: _run rescues it
-            # if this pass fails or is cancelled.
-            self._in_flight = batch
-            if bypass or not await self._deliver(batch):
-                await self._persist(batch)
-                if not bypass:
-                    self._enter_degraded()
-            self._in_flight = ()
-
-    async def _replay_backlog(self) -> None:
-        """Deliver spilled, then overflowed, records oldest first; stop at the first failure.
-
-        Replays at most what was backlogged when it began, so the queue gets its turn.
-        """
-        budget = self._backlog_size()
-        while budget > 0 and not self._abort:
-            spill = self._spill
-            if spill is not None and spill.pending > 0:
-                try:
-                    batch = await asyncio.to_thread(spill.read, self._batch_size)
-                except OSError:
-                    logger.exception("could not read the billing spill %s", spill.path)
-                    self._enter_degraded()
-                    return
-                if batch.lines == 0:
-                    break
+        if self._degraded and not force and self._loop.time() < self._retry_at:
+            return
+        journal = self._journal
+        if journal is not None and journal.is_open:
+            budget = journal.pending  # what was there when the pass began: new records wait
+            while budget > 0 and not self._abort:
+                # The closes appended by this process are in memory; only a backlog from before a
+                # restart (or one larger than queue_size) is read back from the file.
+                batch = journal.read_memory(self._batch_size)
+                if batch is None:
+                    batch = await asyncio.to_thread(journal.read, self._batch_size)
                 if batch.records and not await self._deliver(batch.records):
                     self._enter_degraded()
                     return
-                await asyncio.to_thread(spill.commit, batch)
-                budget -= batch.lines
-            elif self._overflow:
-                with self._lock:
-                    records = list(islice(self._overflow, self._batch_size))
-                if not await self._deliver(records):
-                    self._enter_degraded()
-                    return
-                with self._lock:
-                    for _ in records:
-                        self._overflow.popleft()
-                budget -= len(records)
-            else:
-                break
+                if self._durability == "machine":  # a truncation is fdatasync'ed
+                    compact = await asyncio.to_thread(journal.ack, batch)
+                else:
+                    compact = journal.ack(batch)  # one append
+                if compact:
+                    await asyncio.to_thread(journal.compact)
+                if not batch.records:
+                    break
+                budget -= len(batch.records)
+        budget = len(self._memory)
+        while budget > 0 and not self._abort:
+            with self._lock:
+                records = [self._memory[i] for i in range(min(self._batch_size, len(self._memory)))]
+            if not await self._deliver(records):
+                self._enter_degraded()
+                return
+            with self._lock:
+                for _ in records:
+                    self._memory.popleft()
+            budget -= len(records)
         self._leave_degraded()
 
-    async def _deliver(self, records: Sequence[UsageRecord]) -> bool:
+    async def _deliver(self, records: list[UsageRecord]) -> bool:
         """One ``sink.write``, run as its own task so ``stop()`` can cancel just the write."""
         assert self._loop is not None
         task = self._loop.create_task(self._write(tuple(records)))
@@ -503,24 +587,15 @@ class Biller:
     async def _write(self, records: tuple[UsageRecord, ...]) -> None:
         await self._sink.write(records)
 
-    async def _persist(self, records: list[UsageRecord]) -> None:
-        """:meth:`_store` off the event loop (a spill append is a blocking fsync)."""
-        try:
-            await asyncio.to_thread(self._store, records)
-        except RuntimeError:  # no executor (interpreter shutting down): block instead
-            self._store(records)
-
-    def _has_backlog(self) -> bool:
-        return bool(self._overflow) or (self._spill is not None and self._spill.pending > 0)
-
-    def _backlog_size(self) -> int:
-        return len(self._overflow) + (self._spill.pending if self._spill is not None else 0)
-
     def _enter_degraded(self) -> None:
         assert self._loop is not None
         delay = self._retry_delay if self._degraded else self._retry_interval
         if not self._degraded:
-            logger.warning("billing sink is failing; spilling records and retrying in %.3gs", delay)
+            logger.warning(
+                "billing sink is failing; records wait in the %s, retrying in %.3gs",
+                "journal" if self._journal is not None else "memory",
+                delay,
+            )
         self._degraded = True
         self._retry_at = self._loop.time() + delay * random.uniform(0.5, 1.0)
         self._retry_delay = min(delay * 2, self._max_retry_interval)
@@ -531,79 +606,52 @@ class Biller:
         self._degraded = False
         self._retry_delay = self._retry_interval
 
-    def _rescue_in_flight(self) -> None:
-        records, self._in_flight = list(self._in_flight), ()
-        if records:
-            self._store(records)
-
-    def _emergency_spill(self) -> None:
-        """The worker was cancelled without stop(): persist in-flight and queued records now."""
-        with self._lock:
-            self._closed = True
-            records = [*self._in_flight, *self._queue]
-            self._queue.clear()
-        self._in_flight = ()
-        if records:
-            logger.warning(
-                "billing worker cancelled without Biller.stop(); spilling %d records",
-                len(records),
-            )
-            self._store(records)
-        if self._spill is not None:
-            self._spill.close()  # release the lock; later appends are one-shot
-
     # -- stop helpers ----------------------------------------------------------------------
 
     async def _await_worker(self, worker: asyncio.Task[None], limit: float | None) -> None:
         done, _ = await asyncio.wait({worker}, timeout=limit)
         if not done:
             logger.warning(
-                "billing sink did not drain within %ss; spilling the remaining records", limit
+                "billing sink did not drain within %ss; undelivered records stay in the %s",
+                limit,
+                "journal for the next start" if self._journal is not None else "memory",
             )
             self._abort = True
             if self._write_task is not None:
                 self._write_task.cancel()
             self._poke()
-            done, _ = await asyncio.wait({worker}, timeout=limit)
+            done, _ = await asyncio.wait({worker}, timeout=1.0)
             if not done:
                 worker.cancel()
                 await asyncio.wait({worker})
         if not worker.cancelled() and worker.exception() is not None:
             logger.error("billing worker crashed", exc_info=worker.exception())
 
-    def _finalize(self) -> None:
-        """After the worker: persist stragglers; report what cannot survive the process."""
+    async def _finish(self, limit: float | None) -> None:
+        """Stop the group commit, persist stragglers, close the journal and the sink."""
+        if self._syncer is not None:
+            self._sync_stop.set()
+            self._sync_needed.set()
+            await asyncio.to_thread(self._syncer.join)
+        if self._journal is not None:
+            await asyncio.to_thread(self._journal.close)
         with self._lock:
-            self._closed = True
-            self._finalized = True  # from now on, _store logs what it cannot persist
-            leftovers = list(self._queue)
-            self._queue.clear()
+            leftovers = list(self._memory)
         if leftovers:
-            self._store(leftovers)
-        if self._spill is None and self._overflow:
-            logger.error(
-                "billing sink did not accept %d usage records and no spill_path is "
-                "configured; they are logged below and will be lost when the process exits",
-                len(self._overflow),
-            )
-            _log_undeliverable(self._overflow)
-
-    async def _close_sink(self, limit: float | None) -> None:
+            if self._journal is None:
+                logger.error(
+                    "billing sink did not accept %d usage records and no journal is configured; "
+                    "they are logged below and will be lost when the process exits",
+                    len(leftovers),
+                )
+            await asyncio.to_thread(self._after_stop, leftovers)
         try:
             await asyncio.wait_for(self._sink.close(), limit)
         except Exception:
             logger.exception("closing the billing sink failed")
 
-    async def _close_never_started(self) -> None:
-        self._state = "stopped"
-        self._stopped = True
-        self._finalize()
-        if self._spill is not None:
-            await asyncio.to_thread(self._spill.close)
-        await self._close_sink(self._stop_timeout)
 
-
-def _resolve(waiters: list[asyncio.Future[None]]) -> None:
+def _resolve(waiters: Iterable[asyncio.Future[None]]) -> None:
     for waiter in waiters:
         if not waiter.done():
             waiter.set_result(None)

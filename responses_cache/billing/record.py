@@ -1,7 +1,7 @@
 """The usage record: one per finished (or cancelled) response, and its wire encoding.
 
 Records are immutable msgspec Structs. The JSON encoder and decoders are built once at import
-time and shared by the spill file and every sink, so a record looks the same everywhere it is
+time and shared by the journal and every sink, so a record looks the same everywhere it is
 written: one JSON object with the field names below.
 """
 
@@ -53,6 +53,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     transport: str = "http"
     """``"http"`` or ``"websocket"``."""
     previous_response_id: str | None = None
+    recovered: bool = False
+    """``True`` for a ``cancelled`` record rebuilt from the journal after a crash: the process
+    died mid-response, and the usage is that of the response's last progress mark."""
 
     def __post_init__(self) -> None:
         for name in _TOKEN_FIELDS:

@@ -4,7 +4,7 @@ A sink receives batches of records from the :class:`~responses_cache.billing.Bil
 The contract:
 
 * ``write`` returns only once the batch is durably accepted, and raises on any failure; the
-  Biller then keeps the batch (in its spill file) and writes it again later.
+  Biller then keeps the batch (in its journal) and writes it again later.
 * ``write`` is idempotent per ``response_id``: writing a record that was already written must
   not count it twice. Retries after an ambiguous failure (timeout, crash after the write but
   before the acknowledgement) are part of normal operation.
@@ -228,6 +228,7 @@ _COLUMNS = (
     ("finished_at", "REAL NOT NULL"),
     ("transport", "TEXT NOT NULL"),
     ("previous_response_id", "TEXT"),
+    ("recovered", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 
@@ -272,6 +273,10 @@ class SqliteSink:
                 conn.execute("PRAGMA journal_mode=WAL")
                 columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
+                present = {row[1] for row in conn.execute(f"PRAGMA table_info({self._table})")}
+                for name, kind in _COLUMNS:
+                    if name not in present:  # a table made by an earlier version
+                        conn.execute(f"ALTER TABLE {self._table} ADD COLUMN {name} {kind}")
             except BaseException:
                 conn.close()
                 raise
@@ -295,6 +300,7 @@ class SqliteSink:
                 r.finished_at,
                 r.transport,
                 r.previous_response_id,
+                int(r.recovered),
             )
             for r in records
         ]
@@ -352,13 +358,13 @@ class WebhookSink:
     Idempotency: every element carries its ``response_id``, and receivers must deduplicate on
     it. The ``Idempotency-Key`` header is the response id for a one-record batch, and for
     larger batches ``batch-`` + a SHA-256 of the sorted ids (stable across retries of the same
-    batch). Batches can be regrouped after a spill and replay, so a receiver that dedupes only
+    batch). Batches can be regrouped after an outage or a restart, so a receiver that dedupes only
     on the header is not exactly-once; dedupe on each element's ``response_id``.
 
     Retries (inside one ``write``): transport errors, timeouts and HTTP 408/425/429/5xx, with
     exponential backoff and jitter (via tenacity), honouring ``Retry-After`` up to
     ``backoff_max``; at most ``max_attempts`` attempts. Other 4xx fail at once. When ``write``
-    finally raises, the Biller spills the batch and tries again later.
+    finally raises, the Biller keeps the batch in its journal and tries again later.
     """
 
     def __init__(

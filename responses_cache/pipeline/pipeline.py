@@ -14,12 +14,13 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ..backends.base import BackendError, EngineUsage, Finish, GenerationRequest, Prompt
+from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
@@ -59,6 +60,24 @@ class UsageSubmitter(Protocol):
     def submit(self, record: UsageRecord) -> None: ...
 
 
+@runtime_checkable
+class UsageJournalWriter(Protocol):
+    """A biller with a write-ahead journal (:class:`~responses_cache.billing.Biller`).
+
+    ``begin`` runs before ``response.created`` goes out and ``end`` before the terminal event;
+    an awaitable result (durability ``machine``) is awaited before that event is sent."""
+
+    def begin(self, entry: OpenEntry) -> Awaitable[None] | None: ...
+
+    def progress(self, response_id: str, output_tokens: int, reasoning_tokens: int = 0) -> None: ...
+
+    def end(self, record: UsageRecord) -> Awaitable[None] | None: ...
+
+
+#: A progress mark is journaled at each output item's end and after this many output tokens.
+MARK_EVERY_TOKENS = 64
+
+
 class Pipeline:
     def __init__(
         self,
@@ -78,6 +97,7 @@ class Pipeline:
         self.hooks = hooks or HookRunner()
         self.validator = validator or Validator()
         self.billing = billing
+        self.journal = billing if isinstance(billing, UsageJournalWriter) else None
         self.metrics = metrics or NullMetrics()
         self.clock = clock
 
@@ -131,13 +151,20 @@ class Pipeline:
         finish: Finish | None = None
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
+            # Its open entry is in the journal before the client hears of it.
+            if self.journal is not None:
+                durable = self.journal.begin(self._open_entry(turn, route, rendered))
+                if durable is not None:
+                    await durable
             response = self._response(turn, status="in_progress", output=[])
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
             if request.generate:
                 generation = self._generation_request(turn, route, rendered, input_context)
-                late_flag, alongside_state, finish = await self._generate(route, generation, out, ctx, items, parent)
+                late_flag, alongside_state, finish = await self._generate(
+                    route, generation, out, ctx, items, parent, turn.response_id
+                )
                 engine_usage = finish.usage if finish else None
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
                 late_flag, alongside_state = await self.hooks.run_alongside(
@@ -174,7 +201,7 @@ class Pipeline:
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
-        self._bill(turn, route, usage, status)
+        durable = self._bill(turn, route, usage, status)
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
             log = extend_with_output(route.renderer, rendered.log, out.output, finish.token_ids if finish else None)
@@ -223,6 +250,8 @@ class Pipeline:
             terminal = ev.ResponseIncomplete(response=final)
         else:
             terminal = ev.ResponseFailed(response=final)
+        if durable is not None:  # machine durability: the close entry is on disk first
+            await durable
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
@@ -259,6 +288,7 @@ class Pipeline:
         ctx: HookContext,
         items: list[Item],
         parent: ResponseState | None,
+        response_id: str,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
         """Stream the backend; alongside hooks run concurrently and a flag stops generation."""
         hooks = self.hooks
@@ -271,6 +301,8 @@ class Pipeline:
             )
         finish: Finish | None = None
         states: dict[str, Any] = {}
+        journal = self.journal
+        marked_items = marked_tokens = 0
         stream = route.backend.generate(generation)
         events = stream.__aiter__()
         try:
@@ -297,6 +329,11 @@ class Pipeline:
                     finish = event
                     break
                 await out.feed(event)
+                if journal is not None and (
+                    len(out.output) != marked_items or out.output_tokens - marked_tokens >= MARK_EVERY_TOKENS
+                ):
+                    marked_items, marked_tokens = len(out.output), out.output_tokens
+                    journal.progress(response_id, out.output_tokens, out.reasoning_tokens)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -309,6 +346,27 @@ class Pipeline:
         return None, states, finish
 
     @staticmethod
+    def _prompt_tokens(turn: Turn, route: Route, rendered: Rendered | None) -> tuple[int, int]:
+        """``(input_tokens, cached_tokens)`` as known before generation (0 without a renderer)."""
+        if not turn.request.generate or rendered is None or route.renderer is None:
+            return 0, 0
+        return rendered.log.num_tokens + len(route.renderer.generation_prompt), rendered.cached_tokens
+
+    def _open_entry(self, turn: Turn, route: Route, rendered: Rendered | None) -> OpenEntry:
+        prompt, cached = self._prompt_tokens(turn, route, rendered)
+        return OpenEntry(
+            id=turn.response_id,
+            tenant=turn.tenant,
+            model=turn.model,
+            route=route.name,
+            created_at=turn.created_at,
+            input_tokens=prompt,
+            cached_tokens=min(cached, prompt),
+            transport=turn.transport,
+            previous_response_id=turn.request.previous_response_id,
+        )
+
+    @staticmethod
     def _usage(
         turn: Turn, route: Route, rendered: Rendered | None, out: OutputBuilder, engine: EngineUsage | None
     ) -> Usage:
@@ -317,8 +375,7 @@ class Pipeline:
         if not turn.request.generate:
             return Usage.of(0, 0, 0)
         if rendered is not None and route.renderer is not None:
-            prompt = rendered.log.num_tokens + len(route.renderer.generation_prompt)
-            cached = rendered.cached_tokens
+            prompt, cached = Pipeline._prompt_tokens(turn, route, rendered)
         else:
             prompt = (engine.prompt_tokens or 0) if engine else 0
             cached = min((engine.cached_tokens or 0) if engine else 0, prompt)
@@ -371,29 +428,33 @@ class Pipeline:
             usage=usage,
         )
 
-    def _bill(self, turn: Turn, route: Route, usage: Usage, status: str) -> None:
+    def _bill(self, turn: Turn, route: Route, usage: Usage, status: str) -> Awaitable[None] | None:
+        """Hand the response's usage record to billing; an awaitable result is awaited before
+        the terminal event goes out (journal durability ``machine``)."""
         if self.billing is None:
-            return
+            return None
         try:
-            self.billing.submit(
-                UsageRecord(
-                    response_id=turn.response_id,
-                    tenant=turn.tenant,
-                    model=turn.model,
-                    route=route.name,
-                    status=status,  # type: ignore[arg-type]
-                    input_tokens=usage.input_tokens,
-                    cached_tokens=usage.input_tokens_details.cached_tokens,
-                    output_tokens=usage.output_tokens,
-                    reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
-                    created_at=turn.created_at,
-                    finished_at=self.clock(),
-                    transport=turn.transport,
-                    previous_response_id=turn.request.previous_response_id,
-                )
+            record = UsageRecord(
+                response_id=turn.response_id,
+                tenant=turn.tenant,
+                model=turn.model,
+                route=route.name,
+                status=status,  # type: ignore[arg-type]
+                input_tokens=usage.input_tokens,
+                cached_tokens=usage.input_tokens_details.cached_tokens,
+                output_tokens=usage.output_tokens,
+                reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+                created_at=turn.created_at,
+                finished_at=self.clock(),
+                transport=turn.transport,
+                previous_response_id=turn.request.previous_response_id,
             )
-        except Exception:  # billing must never break a turn; the biller spills what it can
+            if self.journal is not None:
+                return self.journal.end(record)
+            self.billing.submit(record)
+        except Exception:  # billing must never break a turn; the biller keeps what it can
             logger.exception("could not submit the usage record of %s", turn.response_id)
+        return None
 
     def _observe(self, turn: Turn, rendered: Rendered | None, status: str) -> None:
         m = self.metrics

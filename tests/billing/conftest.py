@@ -11,7 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from responses_cache.billing import UsageRecord, decode_record
+from responses_cache.billing import MarkEntry, OpenEntry, UsageRecord
+from responses_cache.billing.journal import AckEntry, CloseEntry
 
 
 def make_record(i: int, **overrides: object) -> UsageRecord:
@@ -111,12 +112,21 @@ async def wait_until(predicate: Callable[[], bool], *, limit: float = 10.0) -> N
         await asyncio.sleep(0.001)
 
 
-def spill_ids(path: Path) -> list[str]:
-    """Ids in a spill file (read without taking its lock; torn/corrupt lines skipped)."""
+def journal_ids(path: Path) -> list[str]:
+    """Ids of the closed records in a journal not acknowledged by an ``ack`` entry (read
+    without taking its lock; torn or corrupt lines skipped)."""
     if not path.exists():
         return []
-    out = []
+    closed: list[str] = []
+    acked: set[str] = set()
     for line in path.read_bytes().split(b"\n"):
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            out.append(decode_record(line).response_id)
-    return out
+            entry = _entry_decoder.decode(line)
+            if isinstance(entry, CloseEntry):
+                closed.append(entry.record.response_id)
+            elif isinstance(entry, AckEntry):
+                acked.update(entry.ids)
+    return [rid for rid in closed if rid not in acked]
+
+
+_entry_decoder = msgspec.json.Decoder(OpenEntry | MarkEntry | CloseEntry | AckEntry)

@@ -1,4 +1,4 @@
-"""Real processes: SIGTERM under load, and recovery after SIGKILL."""
+"""Real processes: SIGTERM under load, and recovery from the journal after SIGKILL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from responses_cache.billing import Biller, decode_record
 
-from .conftest import MemorySink, ids, spill_ids
+from .conftest import MemorySink, ids, journal_ids
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -35,13 +35,12 @@ PRELUDE = textwrap.dedent(
 
 SIGTERM_CHILD = PRELUDE + textwrap.dedent(
     """
-    async def main(sink_path, spill_path):
+    async def main(sink_path, journal_path):
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         biller = Biller(
-            JsonlSink(sink_path), queue_size=256, batch_size=64, flush_interval=0.001,
-            spill_path=spill_path,
+            JsonlSink(sink_path), batch_size=64, flush_interval=0.001, journal_path=journal_path,
         )
         await biller.start()
         i = 0
@@ -64,13 +63,13 @@ SIGKILL_CHILD = PRELUDE + textwrap.dedent(
     def down(records):
         raise ConnectionError("billing backend unreachable")
 
-    async def main(spill_path):
-        biller = Biller(CallableSink(down), spill_path=spill_path, flush_interval=0)
+    async def main(journal_path):
+        biller = Biller(CallableSink(down), journal_path=journal_path, flush_interval=0)
         await biller.start()
         for i in range(500):
             biller.submit(rec(i))
-        assert not await biller.flush()  # the sink refused: everything is in the spill
-        print("spilled", flush=True)
+        assert not await biller.flush()  # the sink refused: everything waits in the journal
+        print("journaled", flush=True)
         await asyncio.sleep(3600)  # killed here, without stop()
 
     asyncio.run(main(sys.argv[1]))
@@ -101,8 +100,8 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str) -> None:
 
 
 def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
-    sink_path, spill_path = tmp_path / "usage.jsonl", tmp_path / "spill.jsonl"
-    proc = spawn(tmp_path, SIGTERM_CHILD, sink_path, spill_path)
+    sink_path, journal_path = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
+    proc = spawn(tmp_path, SIGTERM_CHILD, sink_path, journal_path)
     wait_for_line(proc, "ready")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -112,22 +111,22 @@ def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
 
     in_sink = [decode_record(line).response_id for line in sink_path.read_bytes().splitlines()]
     assert len(in_sink) == len(set(in_sink))  # JsonlSink dedupes by id
-    assert set(in_sink) | set(spill_ids(spill_path)) == ids(submitted)
+    assert set(in_sink) | set(journal_ids(journal_path)) == ids(submitted)
 
 
-async def test_records_spilled_before_sigkill_are_delivered_after_restart(
+async def test_records_journaled_before_sigkill_are_delivered_after_restart(
     tmp_path: Path,
 ) -> None:
-    spill_path = tmp_path / "spill.jsonl"
-    proc = spawn(tmp_path, SIGKILL_CHILD, spill_path)
+    journal_path = tmp_path / "billing.journal"
+    proc = spawn(tmp_path, SIGKILL_CHILD, journal_path)
     try:
-        wait_for_line(proc, "spilled")
+        wait_for_line(proc, "journaled")
     finally:
         proc.kill()
         proc.communicate()  # reaps the child and closes its pipe
     assert proc.returncode == -signal.SIGKILL
 
     sink = MemorySink()
-    async with Biller(sink, spill_path=spill_path) as biller:
+    async with Biller(sink, journal_path=journal_path) as biller:
         assert await biller.flush()
     assert sink.unique == ids(500) and not sink.duplicates()

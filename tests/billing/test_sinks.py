@@ -101,6 +101,23 @@ async def test_sqlite_insert_or_ignore(tmp_path: Path) -> None:
     assert rows[0][2] is None
 
 
+async def test_sqlite_recovered_flag_and_an_older_table(tmp_path: Path) -> None:
+    path = tmp_path / "usage.db"
+    with sqlite3.connect(path) as conn:  # the table as an earlier version made it
+        conn.execute("CREATE TABLE usage_records (response_id TEXT PRIMARY KEY NOT NULL, tenant TEXT NOT NULL, "
+                     "model TEXT NOT NULL, route TEXT NOT NULL, status TEXT NOT NULL, input_tokens INTEGER NOT NULL, "
+                     "cached_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, reasoning_tokens INTEGER NOT NULL, "
+                     "created_at REAL NOT NULL, finished_at REAL NOT NULL, transport TEXT NOT NULL, "
+                     "previous_response_id TEXT)")
+        conn.execute("INSERT INTO usage_records VALUES ('old', 't', 'm', 'r', 'completed', 1, 0, 1, 0, 1.0, 2.0, 'http', NULL)")
+    sink = SqliteSink(path)
+    await sink.write([make_record(1, status="cancelled", recovered=True), make_record(2)])
+    await sink.close()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT response_id, recovered FROM usage_records ORDER BY response_id").fetchall()
+    assert rows == [("old", 0), ("resp_000001", 1), ("resp_000002", 0)]
+
+
 async def test_sqlite_custom_table_and_validation(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         SqliteSink(tmp_path / "x.db", table="usage; DROP TABLE x")

@@ -146,7 +146,7 @@ async def test_biller_survives_a_long_webhook_outage(receiver: Receiver, tmp_pat
         flush_interval=0,
         retry_interval=0.001,
         max_retry_interval=0.005,
-        spill_path=tmp_path / "spill.jsonl",
+        journal_path=tmp_path / "billing.journal",
     )
     async with biller:
         for i in range(200):
@@ -154,17 +154,17 @@ async def test_biller_survives_a_long_webhook_outage(receiver: Receiver, tmp_pat
             if i % 40 == 39:
                 assert not await biller.flush()
         assert biller.stats().degraded
-        assert biller.spilled >= 200
+        assert biller.pending == 200 and biller.stats().in_memory == 0  # all in the journal
         receiver.down = False
         assert await biller.flush()
     assert receiver.stored.keys() == ids(200)
     assert max(receiver.deliveries.values()) == 1
     assert biller.delivered == 200
-    assert (tmp_path / "spill.jsonl").stat().st_size == 0
+    assert (tmp_path / "billing.journal").stat().st_size == 0
 
 
 async def test_flaky_webhook_with_biller(receiver: Receiver) -> None:
-    """Fails N times then succeeds, within the sink's own retries: nothing spilled."""
+    """Fails N times then succeeds, within the sink's own retries: nothing waits for a retry."""
     receiver.fail_next = 2
     biller = Biller(fast_sink(receiver.url, max_attempts=4), batch_size=10, flush_interval=0)
     async with biller:

@@ -98,10 +98,10 @@ def _free_port() -> int:
 
 def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
     port = _free_port()
-    ledger, spill = tmp_path / "usage.jsonl", tmp_path / "spill.jsonl"
+    ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
     server = subprocess.Popen(
         [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(port), "--instant",
-         "--billing-jsonl", str(ledger), "--billing-spill", str(spill)],
+         "--billing-jsonl", str(ledger), "--billing-journal", str(journal)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -75,3 +75,29 @@ def test_store_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(store, RedisResponseStore) and store.ttl_s == 60 and not store.keeps_snapshots
     assert main(["serve", "--store", "postgres://db"]) == 2
     assert "unsupported store 'postgres://db'" in capsys.readouterr().err
+
+
+def test_billing_settings_reach_the_biller(tmp_path: Path) -> None:
+    from responses_cache.cli import _biller
+
+    env = {
+        "RESPONSES_CACHE_BILLING_JSONL": str(tmp_path / "usage.jsonl"),
+        "RESPONSES_CACHE_BILLING_JOURNAL": str(tmp_path / "billing.journal"),
+        "RESPONSES_CACHE_BILLING_DURABILITY": "machine",
+        "RESPONSES_CACHE_BILLING_STOP_TIMEOUT": "1.5",
+        "RESPONSES_CACHE_BILLING_FLUSH_INTERVAL": "0.01",
+        "RESPONSES_CACHE_BILLING_QUEUE_SIZE": "77",
+    }
+    biller = _biller(load_settings(env=env))
+    assert biller is not None and biller.journal is not None
+    assert biller.journal.path == tmp_path / "billing.journal" and biller.durability == "machine"
+    assert (biller._stop_timeout, biller._flush_interval, biller._queue_size) == (1.5, 0.01, 77)
+    defaults = ServeSettings()
+    assert (defaults.billing_durability, defaults.billing_stop_timeout) == ("process", 3.0)
+    with pytest.raises(SettingsError, match="billing_durability"):
+        load_settings(env={"RESPONSES_CACHE_BILLING_DURABILITY": "disk"})
+
+
+def test_a_billing_journal_needs_a_sink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--billing-journal", str(tmp_path / "billing.journal")]) == 2
+    assert "billing_journal needs a sink" in capsys.readouterr().err

@@ -1,0 +1,264 @@
+"""``responses-cache serve`` killed with SIGKILL under load loses no usage record.
+
+Several WebSocket clients (one of them hanging up mid-stream now and then) drive a real server
+process with a write-ahead journal; the test SIGKILLs it, restarts it on the same journal and
+checks, for every response id any client saw ``response.created`` for: exactly one record;
+a completed response's record carries the usage of its ``response.completed``; a response the
+client never saw finish is ``cancelled`` (rebuilt from the journal, or cancelled by the hang-up).
+Once with the sink up (a JSONL file), once during a webhook outage (a loopback webhook that
+answers 503 until the restart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.sync.client import connect
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+#: Long enough answers that responses are mid-stream (past a progress mark) when the kill lands.
+ENGINE = json.dumps({"answer_tokens": 600, "output_tokens_per_s": 6000})
+CLIENTS = 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        env = {**os.environ, "RESPONSES_CACHE_BACKEND_OPTIONS": ENGINE}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    out = self.proc.stdout.read() if self.proc.stdout else ""
+                    self.proc.kill()
+                    raise AssertionError(f"server did not start: {out}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Seen:
+    created: set[str] = field(default_factory=set)
+    completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _client(port: int, seen: Seen, stop: threading.Event, hang_up: bool) -> None:
+    """Turns back to back; with ``hang_up``, every other turn is abandoned mid-stream."""
+    turn = 0
+    while not stop.is_set():
+        try:
+            with connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None, open_timeout=5, close_timeout=0.5) as ws:
+                previous = None
+                while not stop.is_set():
+                    turn += 1
+                    ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": f"turn {turn}",
+                                        "previous_response_id": previous}))
+                    deltas = 0
+                    while True:
+                        event = json.loads(ws.recv())
+                        kind = event["type"]
+                        if kind == "response.created":
+                            with seen.lock:
+                                seen.created.add(event["response"]["id"])
+                        elif kind == "response.output_text.delta":
+                            deltas += 1
+                            if hang_up and turn % 2 == 0 and deltas == 50:
+                                break
+                        elif kind == "response.completed":
+                            with seen.lock:
+                                seen.completed[event["response"]["id"]] = event["response"]["usage"]
+                            previous = event["response"]["id"]
+                            break
+                        elif kind in ("response.failed", "response.incomplete", "error"):
+                            raise AssertionError(f"unexpected {kind}: {event}")
+                    if hang_up and deltas == 50:
+                        break  # close the socket mid-stream: the server bills it as cancelled
+        except Exception:
+            return  # the server was killed (before that, a dead client fails the test)
+
+
+def _load_then_kill(server: Server, count: int) -> Seen:
+    seen = Seen()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_client, args=(server.port, seen, stop, i == 0), daemon=True) for i in range(CLIENTS)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(seen.created) < count:
+        assert time.monotonic() < deadline, "load did not get going"
+        assert all(t.is_alive() for t in threads[1:]), "a client failed"
+        time.sleep(0.005)
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    return seen
+
+
+def _check(seen: Seen, records: dict[str, list[dict[str, Any]]]) -> None:
+    missing = seen.created - set(records)
+    assert not missing, f"{len(missing)} of {len(seen.created)} announced responses have no record"
+    for rid in seen.created:
+        copies = records[rid]
+        # Delivered at least once; a repeat (an ack lost to the kill) is the very same record.
+        assert all(c == copies[0] for c in copies), copies
+    recovered = 0
+    for rid in seen.created:
+        record = records[rid][0]
+        usage = seen.completed.get(rid)
+        if usage is not None:
+            assert record["status"] == "completed" and not record["recovered"]
+            assert record["input_tokens"] == usage["input_tokens"]
+            assert record["cached_tokens"] == usage["input_tokens_details"]["cached_tokens"]
+            assert record["output_tokens"] == usage["output_tokens"]
+            assert record["reasoning_tokens"] == usage["output_tokens_details"]["reasoning_tokens"]
+        elif record["recovered"]:
+            recovered += 1
+            assert record["status"] == "cancelled" and record["input_tokens"] > 0
+        else:
+            # Cancelled by a hang-up, or its close entry was written just before the kill and
+            # response.completed never left the process.
+            assert record["status"] in ("cancelled", "completed")
+    assert recovered > 0  # the kill did cut responses mid-stream, and they were billed
+
+
+def _wait_for(predicate: Any, limit: float = 30) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "records were not delivered after the restart"
+        time.sleep(0.02)
+
+
+def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
+    ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
+    args = ("--billing-jsonl", str(ledger), "--billing-journal", str(journal))
+    seen = _load_then_kill(Server(*args), 100)
+
+    def ledger_records() -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        if ledger.exists():
+            for line in ledger.read_text().splitlines():
+                if line.endswith("}"):
+                    record = json.loads(line)
+                    out.setdefault(record["response_id"], []).append(record)
+        return out
+
+    restarted = Server(*args)
+    try:
+        _wait_for(lambda: seen.created <= set(ledger_records()))
+    finally:
+        restarted.stop()
+    records = ledger_records()
+    assert all(len(v) == 1 for v in records.values())  # the JSONL sink dedupes across restarts
+    _check(seen, records)
+
+
+@dataclass
+class Webhook:
+    failing: bool = True
+    received: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    state = Webhook()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with state.lock:
+                if state.failing:
+                    state.failures += 1
+                else:
+                    for record in body:
+                        state.received.setdefault(record["response_id"], []).append(record)
+                status = 503 if state.failing else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/usage"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_sigkill_during_a_webhook_outage_loses_no_record(tmp_path: Path, webhook: Webhook) -> None:
+    journal = tmp_path / "billing.journal"
+    args = ("--billing-webhook", webhook.url, "--billing-journal", str(journal))
+    seen = _load_then_kill(Server(*args), 100)
+    assert webhook.failures > 0 and not webhook.received  # the outage was real
+    with webhook.lock:
+        webhook.failing = False
+    restarted = Server(*args)
+    try:
+        _wait_for(lambda: seen.created <= set(webhook.received))
+    finally:
+        restarted.stop()
+    _check(seen, webhook.received)
+
+
+def test_a_second_server_on_the_same_journal_is_refused(tmp_path: Path) -> None:
+    args = ("--billing-jsonl", str(tmp_path / "usage.jsonl"), "--billing-journal", str(tmp_path / "j"))
+    first = Server(*args)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(_free_port()), *args],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert second.returncode == 2
+        assert "in use by another process" in second.stderr
+    finally:
+        first.stop()
