@@ -335,14 +335,14 @@ class FakeVllm(FakeEngine):
         body, denied = await self._record(request)
         if denied:
             return denied
-        behaviour = self._behaviour()
-        if behaviour.status:
-            return self._error_response(behaviour)
         prompt = body.get("token_ids")
         params = body.get("sampling_params") or {}
         problem = self._check(prompt, body)
         if problem or not isinstance(prompt, list):
             return JSONResponse(self._error_body(400, problem or "token_ids is required"), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
         ids, reason = self._sample(prompt, params.get("max_tokens", 16), params.get("stop_token_ids") or ())
         chunks = self._chunks(ids, behaviour.chunk_tokens)
         request_id = body.get("request_id") or "gen-fake"
@@ -371,13 +371,13 @@ class FakeVllm(FakeEngine):
         body, denied = await self._record(request)
         if denied:
             return denied
-        behaviour = self._behaviour()
-        if behaviour.status:
-            return self._error_response(behaviour)
         prompt = body.get("prompt")
         problem = self._check(prompt, body)
         if problem or not isinstance(prompt, list):
             return JSONResponse(self._error_body(400, problem or "prompt is required"), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
         stop_ids = body.get("stop_token_ids") or ()
         ids, reason = self._sample(prompt, body.get("max_tokens", 16), stop_ids)
         chunks = self._chunks(ids, behaviour.chunk_tokens)
@@ -451,15 +451,15 @@ class FakeSglang(FakeEngine):
         body, denied = await self._record(request)
         if denied:
             return denied
-        behaviour = self._behaviour()
-        if behaviour.status:
-            return self._error_response(behaviour)
         if not body.get("input_ids"):
             return JSONResponse({"error": {"message": "Either text, input_ids or input_embeds should be provided."}}, 400)
         prompt = list(body["input_ids"])
         problem = self._too_long(prompt)
         if problem:
             return JSONResponse({"error": {"message": problem}}, 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
         params = body.get("sampling_params") or {}
         stop_ids = params.get("stop_token_ids") or ()
         ids, reason = self._sample(prompt, params.get("max_new_tokens", 128), stop_ids)
@@ -499,15 +499,15 @@ class FakeSglang(FakeEngine):
         body, denied = await self._record(request)
         if denied:
             return denied
-        behaviour = self._behaviour()
-        if behaviour.status:
-            return self._error_response(behaviour)
         prompt = body.get("prompt")
         if not isinstance(prompt, list):
             return JSONResponse(self._error_body(400, "prompt must be token ids here"), 400)
         problem = self._too_long(prompt)
         if problem:
             return JSONResponse(self._error_body(400, problem), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
         stop_ids = body.get("stop_token_ids") or ()
         ids, reason = self._sample(prompt, body.get("max_tokens", 16), stop_ids)
         chunks = self._chunks(ids, behaviour.chunk_tokens)

@@ -118,10 +118,13 @@ class ChatMLParser:
 
     _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_think: bool = False) -> None:
+        """``in_think``: the generation prompt already opened ``<think>`` (Qwen3-style thinking
+        templates), so the sampled text starts inside the reasoning and closes it with
+        ``</think>``."""
         self._specials_pending = ""
         self._pending = ""
-        self._mode = "text"  # "text" | "think" | "call"
+        self._mode = "think" if in_think else "text"  # "text" | "think" | "call"
         self._call = ""
 
     def feed(self, text: str) -> Iterator[BackendEvent]:
@@ -176,10 +179,16 @@ class ChatMLParser:
             self._mode = "text"
 
 
-def parser_for(renderer_name: str) -> OutputParser:
-    """The parser matching the route's prompt template."""
+def opens_think(generation_prompt: str) -> bool:
+    """Whether a generation prompt leaves a ``<think>`` block open."""
+    return generation_prompt.rfind("<think>") > generation_prompt.rfind("</think>")
+
+
+def parser_for(renderer_name: str, generation_prompt: str = "") -> OutputParser:
+    """The parser matching the route's prompt template (``generation_prompt``: its text, to
+    know whether the template opened ``<think>`` already)."""
     if renderer_name.startswith("harmony"):
         return HarmonyParser()
     if renderer_name.startswith("chatml"):
-        return ChatMLParser()
+        return ChatMLParser(in_think=opens_think(generation_prompt))
     raise ValueError(f"no output parser for the renderer {renderer_name!r}")
