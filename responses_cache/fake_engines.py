@@ -700,6 +700,10 @@ class FakeCerebras(FakeEngine):
             for i, delta in enumerate(deltas):
                 if behaviour.hang_after is not None and i == behaviour.hang_after:
                     await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
+                                "status_code": 500})
+                    return
                 yield _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             completion = len(self.encoding.encode(reply.reasoning + reply.content))
             yield _sse({**base, "choices": [{"index": 0, "delta": {},
