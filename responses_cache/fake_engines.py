@@ -266,7 +266,9 @@ class FakeEngine:
         return JSONResponse({"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens})
 
     async def _models(self, request: Request) -> Response:
-        await self._record(request)
+        _, denied = await self._record(request)
+        if denied:
+            return denied
         return JSONResponse({"object": "list", "data": [
             {"id": self.model, "object": "model", "owned_by": "fake", "max_model_len": self.max_model_len}
         ]})
