@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -60,7 +61,7 @@ async def test_sglang_generate_frames_are_cumulative() -> None:
         "input_ids": [1, 2], "stream": True,
         "sampling_params": {"max_new_tokens": 50, "stop_token_ids": [RETURN], "skip_special_tokens": False}})
     ids = [f["output_ids"] for f in frames]
-    assert all(later[: len(earlier)] == earlier for earlier, later in zip(ids, ids[1:], strict=False))
+    assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(ids))
     assert ids[-1] == ENC.encode(TEXT, allowed_special="all")
     assert frames[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": RETURN}
     assert frames[-1]["meta_info"]["completion_tokens"] == len(ids[-1])

@@ -219,6 +219,10 @@ class EngineBackend:
         return None
 
     async def _ready(self, renderer: Any) -> Dialect:
+        ready = self.dialect is not None and self.context_window is not None
+        if ready and (not self.handshake or renderer.name in self._verified):
+            assert self.dialect is not None
+            return self.dialect
         try:
             await self.start()
             if self.handshake and renderer.name not in self._verified:
@@ -274,12 +278,6 @@ class EngineBackend:
             return "<|channel|>commentary to=functions." + (f"{name} <|constrain|>json<|message|>" if name else "")
         closing = "\n</think>\n\n" if opens_think(generation_prompt) else ""
         return closing + '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
-
-    def body(self, request: GenerationRequest) -> dict[str, Any]:
-        """The request body for the current endpoint (for inspection; ``generate`` builds it too)."""
-        if request.prompt is None or self.dialect is None:
-            raise BackendError("the backend has not started, or the route has no renderer", "server_error")
-        return self.dialect.body(self._params(request, list(request.prompt.tokens()))[0])
 
     def _params(self, request: GenerationRequest, prompt: list[int]) -> tuple[Params, list[int], str]:
         assert request.prompt is not None
