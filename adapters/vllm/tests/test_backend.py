@@ -258,6 +258,14 @@ def test_handshake_refuses_an_engine_with_another_vocabulary(live_server_factory
     assert ok.dialect is not None and ok.dialect.name == "vllm-generate" and ok.context_window == same.max_model_len
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn exits its thread
+def test_a_server_in_front_of_another_vocabulary_refuses_to_start(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER], tokenize_offset=7)
+    with pytest.raises(RuntimeError, match="did not start"):
+        _serve(live_server_factory, engine)
+    assert [r.path for r in engine.requests] == ["/inference/v1/generate", "/v1/models", "/tokenize"]
+
+
 def test_factory_needs_an_engine_address() -> None:
     with pytest.raises(ValueError, match="base_urls and model"):
         load_backend("sglang")
