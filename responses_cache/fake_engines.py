@@ -418,10 +418,10 @@ class FakeVllm(FakeEngine):
 class FakeSglang(FakeEngine):
     """SGLang 0.5.23: ``/generate`` (cumulative frames unless ``incremental_output``,
     ``--incremental-streaming-output``), ``/v1/completions`` (``matched_stop``, errors as
-    ``{"object": "error", ...}``), ``/tokenize``, ``/v1/models``, ``/health``."""
+    ``{"object": "error", ...}``), ``/v1/tokenize``, ``/v1/models``, ``/health``."""
 
     fields = {"/generate": SGLANG_GENERATE_FIELDS, "/v1/completions": SGLANG_COMPLETIONS_FIELDS,
-              "/tokenize": frozenset({"model", "prompt", "add_special_tokens"})}
+              "/v1/tokenize": frozenset({"model", "prompt", "add_special_tokens"})}
     nested = {"/generate": {"sampling_params": SGLANG_SAMPLING_FIELDS},
               "/v1/completions": {"stream_options": frozenset({"include_usage", "continuous_usage_stats"})}}
 
@@ -434,7 +434,7 @@ class FakeSglang(FakeEngine):
         return Starlette(routes=[
             Route("/generate", self._generate, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
-            Route("/tokenize", self._tokenize, methods=["POST"]),
+            Route("/v1/tokenize", self._tokenize, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
         ])

@@ -173,6 +173,15 @@ class EngineBackend:
             for card in response.json().get("data") or ():
                 if card.get("id") == self.model and isinstance(card.get("max_model_len"), int):
                     return int(card["max_model_len"])
+            # Both engines' /tokenize answers carry max_model_len too.
+            for path in ("/tokenize", "/v1/tokenize"):
+                try:
+                    answer = await self._client.post(url + path, json={"model": self.model, "prompt": "x"})
+                except httpx.TransportError:
+                    break
+                limit = answer.json().get("max_model_len") if answer.status_code == 200 else None
+                if isinstance(limit, int) and 0 < limit < 100_000_000:
+                    return limit
         raise RuntimeError(
             f"could not read the context window of {self.model!r} from /v1/models; "
             "set backend_options.context_window"
