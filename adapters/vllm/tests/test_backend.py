@@ -219,6 +219,18 @@ def test_refused_connection_and_503_fail_over_before_the_first_token(live_server
     assert len(good.generation_requests()) == 6
 
 
+def test_no_replica_left_fails_the_response(live_server_factory: Any) -> None:
+    busy = FakeVllm(ENC, [ANSWER])
+    busy.default = Behaviour(status=503, message="no capacity")
+    server = _serve(live_server_factory, busy, _dead_url(), endpoint="generate", context_window=4096, handshake=False)
+    with connect(server.ws_url) as ws:
+        failed = _turn(ws, input="hi")
+    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "server_error"
+    message = failed["response"]["error"]["message"]
+    assert "no vllm replica could take the request" in message and "no capacity" in message
+    assert len(busy.generation_requests()) == 1
+
+
 def test_a_failure_after_the_first_token_fails_the_response_without_retry(live_server_factory: Any) -> None:
     first = FakeVllm(ENC, [ANSWER])
     second = FakeVllm(ENC, [ANSWER])
