@@ -590,8 +590,12 @@ class FakeCerebras(FakeEngine):
 
     def __init__(self, encoding: tiktoken.Encoding, script: Sequence[str] = ("Hi.",), *,
                  chat_script: Sequence[ChatReply] = (ChatReply(content="Hi."),), block_size: int = 128,
-                 **options: Any) -> None:
+                 raw_tokens: bool = True, special_tokens_in_text: bool = True, **options: Any) -> None:
         super().__init__(encoding, script, block_size=block_size, **options)
+        #: Whether ``return_raw_tokens`` is honoured while streaming, and whether special tokens
+        #: appear in ``text`` (neither is documented for streaming completions).
+        self.raw_tokens = raw_tokens
+        self.special_tokens_in_text = special_tokens_in_text
         self.chat_script = list(chat_script)
         self.rate_limits = RateLimits()
         self._chats = 0
@@ -643,8 +647,8 @@ class FakeCerebras(FakeEngine):
         if max_tokens is not None and len(ids) > max_tokens:
             ids, reason = ids[:max_tokens], "length"
         chunks = self._chunks(ids, behaviour.chunk_tokens)
-        texts = self._texts(chunks, (), True, behaviour.hold_back)
-        raw = bool(body.get("return_raw_tokens"))
+        texts = self._texts(chunks, (), self.special_tokens_in_text, behaviour.hold_back)
+        raw = bool(body.get("return_raw_tokens")) and self.raw_tokens
         cached = self._cached(None, prompt)
 
         async def frames() -> AsyncIterator[bytes]:

@@ -139,6 +139,7 @@ class CerebrasBackend:
         reason: str | None = None
         usage: Any = None
         last_kind: type | None = None
+        received = 0
         try:
             async for item in stream:
                 chunk = _plain(item)
@@ -153,6 +154,7 @@ class CerebrasBackend:
                     else:
                         sampled = None  # no raw tokens: parse the text, render the turn
                         text = choice.get("text") or ""
+                    received += len(text)
                     for event in parser.feed(text):
                         last_kind = type(event)
                         yield event
@@ -162,6 +164,14 @@ class CerebrasBackend:
         for event in (*parser.feed(decoder.close() if sampled is not None else ""), *parser.close()):
             last_kind = type(event)
             yield event
+        if received and last_kind is None:
+            # Text came back, but not one marker of the template: the engine stripped them, and
+            # the output cannot be told apart (reasoning, answer, calls). Fail instead of guessing.
+            raise BackendError(
+                f"Cerebras returned {self.model}'s text without the {template} markers (and without raw "
+                "tokens), so it cannot be parsed; use mode 'chat' for this model",
+                "server_error",
+            )
         mapped = _FINISH.get(reason or "")
         if mapped is None:
             raise BackendError("Cerebras ended the stream without a finish reason", "server_error") if reason is None \

@@ -154,3 +154,18 @@ def test_the_sdk_warms_its_connection_unless_told_not_to(live_server_factory: An
     assert [r.path for r in engine.requests] == []
     _backend(live_server_factory, engine, warm_tcp_connection=True)
     assert [r.path for r in engine.requests] == ["/v1/tcp_warming"]
+
+
+def test_without_raw_tokens_the_text_is_parsed(live_server_factory: Any) -> None:
+    engine = FakeCerebras(ENC, [CALL, ANSWER], raw_tokens=False)
+    first, second = _loop(live_server_factory, _backend(live_server_factory, engine))
+    assert [o["type"] for o in first["response"]["output"]] == ["reasoning", "function_call"]
+    assert second["response"]["output"][0]["content"][0]["text"] == "There are two files."
+
+
+def test_text_without_markers_fails_clearly(live_server_factory: Any) -> None:
+    engine = FakeCerebras(ENC, [ANSWER], raw_tokens=False, special_tokens_in_text=False)
+    server = live_server_factory(create_app(backend=_backend(live_server_factory, engine), renderer="harmony"))
+    with connect(server.ws_url) as ws:
+        failed = _turn(ws, input="hi")
+    assert failed["type"] == "response.failed" and "use mode 'chat'" in failed["response"]["error"]["message"]
