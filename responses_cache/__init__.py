@@ -41,6 +41,7 @@ from .service import ResponsesService
 from .session import Session, SessionConfig
 from .state import ResponseState
 from .store import MemoryResponseStore, ResponseStore, StoredResponse
+from .tokens import get_renderer
 from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
@@ -94,5 +95,6 @@ __all__ = [
     "WebhookSink",
     "__version__",
     "create_app",
+    "get_renderer",
     "load_backend",
 ]

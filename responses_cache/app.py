@@ -101,6 +101,11 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # A backend with a start-up check (an engine adapter's tokenizer handshake) runs it
+        # first, so a misconfigured server refuses to start instead of serving garbage.
+        start_backend = getattr(backend, "start", None)
+        if start_backend is not None:
+            await start_backend()
         start = getattr(billing, "start", None)
         if start is not None:
             await start()

@@ -6,6 +6,8 @@
 * :func:`context_of` reduces a request to what determines the model's context (ids and statuses
   do not), so two requests can be compared.
 * :func:`run_turns` runs turns through a pipeline (or an app) without sockets.
+* :class:`FakeVllm`, :class:`FakeSglang`, :class:`FakeCerebras` (from
+  :mod:`responses_cache.fake_engines`): realistic engine fakes as ASGI apps, for adapter tests.
 * :func:`check_hook_equivalence` / :func:`assert_incremental_equals_full` check a hook's
   incremental contract: its verdict with carried state equals its verdict on the full history.
 """
@@ -23,6 +25,11 @@ import msgspec
 
 from .backends.base import Backend, BackendEvent, Finish, GenerationRequest
 from .backends.simulated import SimulatedConfig, SimulatedEngine
+from .fake_engines import Behaviour as Behaviour
+from .fake_engines import ChatReply as ChatReply
+from .fake_engines import FakeCerebras as FakeCerebras
+from .fake_engines import FakeSglang as FakeSglang
+from .fake_engines import FakeVllm as FakeVllm
 from .pipeline.hooks import Hook, HookContext
 from .pipeline.turn import Turn
 from .protocol import events as ev

@@ -18,9 +18,10 @@ BIN = Path(sys.executable).parent
         [str(BIN / "ruff"), "check", "responses_cache", "tests", "examples", "benchmarks", "adapters"],
         [str(BIN / "mypy"), "responses_cache"],
         [str(BIN / "mypy"), "adapters/vllm/responses_cache_vllm"],
+        [str(BIN / "mypy"), "adapters/cerebras/responses_cache_cerebras"],
         [str(BIN / "lint-imports")],
     ],
-    ids=["ruff", "mypy", "mypy-adapters", "import-linter"],
+    ids=["ruff", "mypy", "mypy-adapters", "mypy-cerebras", "import-linter"],
 )
 def test_tool_is_clean(command: list[str]) -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -67,6 +67,10 @@ class GenerationRequest:
     #: keeps its own response store (the bridge to a wrapped app); ``conversation`` is then just
     #: the new input.
     previous_response_id: str | None = None
+    #: The tenant the request belongs to ("" when the server has no authentication).
+    tenant: str = ""
+    #: Partitions the engine's prefix cache (vLLM/SGLang ``cache_salt``); set per tenant by default.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +136,11 @@ BackendEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Fini
 class BackendError(Exception):
     """A generation failure; reported to the client as ``response.failed`` with this code."""
 
-    def __init__(self, message: str, code: str = "server_error") -> None:
+    def __init__(self, message: str, code: str = "server_error", *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
+        #: Seconds the engine asked the client to wait before retrying (a 429's hint), if any.
+        self.retry_after = retry_after
 
 
 @runtime_checkable

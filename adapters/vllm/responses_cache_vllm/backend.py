@@ -1,16 +1,33 @@
-"""``CompletionsBackend``: token-id prompts to an OpenAI-compatible ``/v1/completions``.
+"""``EngineBackend``: token-id prompts to vLLM or SGLang, over replicas, with fail-over.
 
-vLLM and SGLang accept ``prompt`` as a list of token ids. The server has already rendered the
-conversation (and appended only the new turn's tokens), so the engine receives exactly the prompt
-the connection cache holds, and its prefix cache sees an exact prefix. With several ``base_urls``
-(replicas) a conversation is pinned to one of them by its ``affinity_key``.
+The server has already rendered the conversation (and appended only the new turn's tokens), so
+the engine receives exactly the prompt the connection cache holds and its prefix cache sees an
+exact prefix. Per request:
+
+* **endpoint** (see :mod:`.dialects`): vLLM ``/inference/v1/generate`` (tokens out, decoded here
+  with the renderer's encoding) or ``/v1/completions``; SGLang ``/generate`` (cumulative frames)
+  or ``/v1/completions``. ``endpoint="auto"`` takes the tokens-in route when the engine serves it
+  (probed at start), else the completions route.
+* **placement** (see :mod:`.placement`): rendezvous hashing of the conversation's affinity key
+  over the replicas; a refused connection or a 502/503/504 before the first token moves the
+  request to the next replica; routing headers (``X-SMG-Routing-Key``, ``X-Session-ID``,
+  ``X-data-parallel-rank``) derived from the same key; a per-tenant ``cache_salt``.
+* **max tokens**: the client's ``max_output_tokens``, capped by what the context window leaves
+  (the engine's ``max_model_len``, read from ``/v1/models`` at start, or ``context_window``).
+* **start**: :meth:`EngineBackend.start` (run by the server's lifespan) probes the endpoint,
+  reads the context window and, with ``template`` set, proves that the engine's tokenizer gives
+  the renderer's ids (``/tokenize``); a mismatch refuses to start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,15 +39,38 @@ from responses_cache import (
     EngineUsage,
     Finish,
     GenerationRequest,
+    ToolCallStart,
+    get_renderer,
 )
 
-from .parsing import parser_for
+from .decoding import IncrementalDecoder
+from .dialects import DIALECTS, PREFERENCE, Dialect, Params
+from .errors import RETRYABLE_STATUS, EngineUnavailable, finish_error, http_error
+from .parsing import opens_think, parser_for
+from .placement import Replicas, data_parallel_rank
 
-_FINISH = {"length": "length", "content_filter": "content_filter"}
+_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter"}
+_PROBE_TEXT = " Grüße, 世界 🚀 x=42;\n\t"
 
 
-class CompletionsBackend:
-    """A :class:`responses_cache.Backend` for vLLM / SGLang's ``/v1/completions``."""
+class HandshakeError(RuntimeError):
+    """The engine's tokenizer does not give the renderer's ids: token-id prompts would be garbage."""
+
+
+@dataclass(slots=True)
+class _Outcome:
+    finish: str | None = None
+    detail: str = ""
+    matched_stop: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    sampled: list[int] | None = None
+    truncated: bool = False
+
+
+class EngineBackend:
+    """A :class:`responses_cache.Backend` for vLLM and SGLang (``engine``)."""
 
     accepts_media = False  # the prompt is rendered to token ids on this side
 
@@ -39,116 +79,374 @@ class CompletionsBackend:
         base_urls: str | Sequence[str],
         *,
         model: str,
+        engine: str = "vllm",
+        endpoint: str = "auto",
         served_models: Sequence[str] = (),
         api_key: str | None = None,
-        max_tokens: int = 4096,
         timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        context_window: int | None = None,
+        template: str | None = None,
+        handshake: bool = True,
+        tenant_salt: bool = True,
+        salt_key: str | None = None,
+        routing_headers: bool = True,
+        data_parallel_size: int = 1,
+        cooldown: float = 10.0,
         extra_body: Mapping[str, Any] | None = None,
         return_token_ids: bool = True,
         client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-        if not self.base_urls:
-            raise ValueError("CompletionsBackend needs at least one base URL")
+        if engine not in PREFERENCE:
+            raise ValueError(f"engine must be one of {', '.join(PREFERENCE)}, not {engine!r}")
+        if endpoint not in ("auto", "generate", "completions"):
+            raise ValueError(f"endpoint must be 'auto', 'generate' or 'completions', not {endpoint!r}")
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        self.replicas = Replicas(urls, cooldown=cooldown)
         self.model = model
+        self.engine = engine
+        self.endpoint = endpoint
         self._models = list(served_models) or [model]
-        self.max_tokens = max_tokens
+        self.context_window = context_window
+        #: The renderer's template name (``harmony``, ``chatml``…): the tokenizer handshake runs
+        #: at start. Without it, it runs before the first generation of each renderer.
+        self.template = template
+        self.handshake = handshake
+        #: Salt the engine's prefix cache per tenant when the request carries no salt of its own.
+        self.tenant_salt = tenant_salt
+        key = salt_key or os.environ.get("RESPONSES_CACHE_SALT_KEY")
+        self._salt_key = key.encode() if key else os.urandom(32)
+        self.routing_headers = routing_headers
+        self.data_parallel_size = max(1, data_parallel_size)
         self.extra_body = dict(extra_body or {})
-        #: Ask for the sampled ids (vLLM's ``return_token_ids``); turn off for engines without it.
+        #: Ask ``/v1/completions`` for the sampled ids (vLLM ``return_token_ids``).
         self.return_token_ids = return_token_ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client or httpx.AsyncClient(timeout=timeout, headers=headers)
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers, transport=transport
+        )
+        self.dialect: Dialect | None = None
+        self._verified: set[str] = set()
+        self._lock = asyncio.Lock()
 
     def models(self) -> Sequence[str]:
         return self._models
 
-    def replica(self, affinity_key: str) -> str:
-        """The base URL a conversation is pinned to."""
-        if len(self.base_urls) == 1:
-            return self.base_urls[0]
-        digest = hashlib.blake2b(affinity_key.encode(), digest_size=8).digest()
-        return self.base_urls[int.from_bytes(digest, "big") % len(self.base_urls)]
+    # -- start ---------------------------------------------------------------------------------
 
-    def body(self, request: GenerationRequest) -> dict[str, Any]:
+    async def start(self) -> None:
+        """Probe the endpoint, learn the context window, check the tokenizer (idempotent).
+        Raises :class:`HandshakeError` / :class:`RuntimeError` with the reason to refuse to start."""
+        async with self._lock:
+            if self.dialect is None:
+                self.dialect = await self._detect()
+            if self.context_window is None:
+                self.context_window = await self._read_context_window()
+            if self.template and self.handshake and self.template not in self._verified:
+                await self._handshake(get_renderer(self.template))
+                self._verified.add(self.template)
+
+    async def _detect(self) -> Dialect:
+        names = PREFERENCE[self.engine]
+        if self.endpoint != "auto":
+            return DIALECTS[f"{self.engine}-{self.endpoint}"]
+        preferred = DIALECTS[names[0]]
+        for url in self.replicas.urls:
+            try:
+                # An empty body: the route answers 400/422 when it exists, 404/405 when not.
+                response = await self._client.post(url + preferred.path, json={})
+            except httpx.TransportError:
+                self.replicas.mark_down(url)
+                continue
+            return preferred if response.status_code not in (404, 405) else DIALECTS[names[1]]
+        raise RuntimeError(f"no {self.engine} replica is reachable at start ({', '.join(self.replicas.urls)})")
+
+    async def _read_context_window(self) -> int:
+        for url in self.replicas.ranked(""):
+            try:
+                response = await self._client.get(url + "/v1/models")
+            except httpx.TransportError:
+                continue
+            if response.status_code != 200:
+                continue
+            for card in response.json().get("data") or ():
+                if card.get("id") == self.model and isinstance(card.get("max_model_len"), int):
+                    return int(card["max_model_len"])
+            # Both engines' /tokenize answers carry max_model_len too.
+            for path in ("/tokenize", "/v1/tokenize"):
+                try:
+                    answer = await self._client.post(url + path, json={"model": self.model, "prompt": "x"})
+                except httpx.TransportError:
+                    break
+                limit = answer.json().get("max_model_len") if answer.status_code == 200 else None
+                if isinstance(limit, int) and 0 < limit < 100_000_000:
+                    return limit
+        raise RuntimeError(
+            f"could not read the context window of {self.model!r} from /v1/models; "
+            "set backend_options.context_window"
+        )
+
+    async def _handshake(self, renderer: Any) -> None:
+        """Refuse a server whose tokenizer gives other ids than the renderer for text with the
+        template's special tokens: a token-id prompt in the wrong vocabulary is silent garbage."""
+        probe = renderer.decode(list(renderer.stop_tokens)) + _PROBE_TEXT + renderer.decode(list(renderer.generation_prompt))
+        expected = list(renderer.encoding.encode(probe, allowed_special="all"))
+        checked = 0
+        for url in self.replicas.urls:
+            got = await self._tokenize(url, probe)
+            if got is None:
+                continue
+            checked += 1
+            if got != expected:
+                at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                          min(len(got), len(expected)))
+                raise HandshakeError(
+                    f"the engine at {url} ({self.model}) tokenizes differently from the renderer "
+                    f"{renderer.name!r}: at token {at} the engine gives {got[at:at + 4]}, the renderer "
+                    f"{expected[at:at + 4]}. Token-id prompts would be garbage: serve a model with this "
+                    "vocabulary or configure the renderer matching the model."
+                )
+        if checked == 0:
+            raise HandshakeError(
+                f"could not check the tokenizer of {self.model!r}: no replica answered /tokenize "
+                "(set handshake = false only if you are sure the vocabularies match)"
+            )
+        self._verified.add(renderer.name)
+
+    async def _tokenize(self, url: str, text: str) -> list[int] | None:
+        for path in ("/tokenize", "/v1/tokenize"):
+            try:
+                response = await self._client.post(
+                    url + path, json={"model": self.model, "prompt": text, "add_special_tokens": False}
+                )
+            except httpx.TransportError:
+                return None
+            if response.status_code == 200:
+                tokens = response.json().get("tokens")
+                return [int(t) for t in tokens] if isinstance(tokens, list) else None
+        return None
+
+    async def _ready(self, renderer: Any) -> Dialect:
+        ready = self.dialect is not None and self.context_window is not None
+        if ready and (not self.handshake or renderer.name in self._verified):
+            assert self.dialect is not None
+            return self.dialect
+        try:
+            await self.start()
+            if self.handshake and renderer.name not in self._verified:
+                async with self._lock:
+                    if renderer.name not in self._verified:
+                        await self._handshake(renderer)
+        except (RuntimeError, httpx.HTTPError) as exc:
+            raise BackendError(f"the {self.engine} backend is not ready: {exc}", "server_error") from exc
+        assert self.dialect is not None
+        return self.dialect
+
+    # -- one generation ------------------------------------------------------------------------
+
+    def cache_salt(self, request: GenerationRequest) -> str | None:
+        """The request's own salt, else one derived from the tenant (unguessable without the key)."""
+        if request.cache_salt is not None:
+            return request.cache_salt
+        if not self.tenant_salt or not request.tenant:
+            return None
+        digest = hashlib.blake2b(request.tenant.encode(), key=self._salt_key[:64], digest_size=32).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def routing(self, request: GenerationRequest) -> dict[str, str]:
+        """Headers that pin the conversation inside the engine's own routing (SGLang's gateway,
+        KV-aware routers, data-parallel ranks). The key is a digest: tenant names stay here."""
+        headers = {"X-Request-Id": request.response_id}
+        if not self.routing_headers:
+            return headers
+        key = hashlib.blake2b(request.affinity_key.encode(), digest_size=16).hexdigest()
+        headers["X-SMG-Routing-Key"] = key
+        headers["X-Session-ID"] = key
+        if self.data_parallel_size > 1:
+            headers["X-data-parallel-rank"] = str(data_parallel_rank(key, self.data_parallel_size))
+        return headers
+
+    def prefill(self, request: GenerationRequest, template: str, generation_prompt: str) -> str:
+        """Text appended after the generation prompt to honour ``tool_choice``: a named function
+        or ``required`` start the call in the prompt; ``none`` cannot be enforced on a token
+        prompt and is refused."""
+        choice = request.tool_choice
+        if choice in ("auto", None):
+            return ""
+        name: str | None = None
+        if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+            name = str(choice["name"])
+        elif choice != "required":
+            raise BackendError(
+                f"tool_choice {json.dumps(choice)} is not supported by the {self.engine} backend "
+                "(supported: 'auto', 'required', or a named function); leave the tools out instead of 'none'",
+                "unsupported_value",
+            )
+        if template.startswith("harmony"):
+            return "<|channel|>commentary to=functions." + (f"{name} <|constrain|>json<|message|>" if name else "")
+        closing = "\n</think>\n\n" if opens_think(generation_prompt) else ""
+        return closing + '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+
+    def _params(self, request: GenerationRequest, prompt: list[int]) -> tuple[Params, list[int], str]:
+        assert request.prompt is not None
+        renderer = request.prompt.renderer
+        generation_prompt = renderer.decode(list(renderer.generation_prompt))
+        prefill_text = self.prefill(request, renderer.name, generation_prompt)
+        prefill = list(renderer.encoding.encode(prefill_text, allowed_special="all")) if prefill_text else []
+        ids = prompt + prefill
+        max_tokens = request.max_output_tokens
+        if self.context_window is not None:
+            left = self.context_window - len(ids)
+            if left <= 0:
+                raise BackendError(
+                    f"The prompt ({len(ids)} tokens) does not fit the model's context window "
+                    f"({self.context_window} tokens).",
+                    "context_length_exceeded",
+                )
+            max_tokens = min(max_tokens or left, left)
+        params = Params(
+            model=self.model,
+            token_ids=ids,
+            max_tokens=max_tokens,
+            stop_token_ids=_stop_ids(renderer),
+            request_id=request.response_id,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            cache_salt=self.cache_salt(request),
+            return_token_ids=self.return_token_ids,
+            extra=self.extra_body,
+        )
+        return params, prefill, prefill_text
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         if request.prompt is None:
             raise BackendError("this backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": list(request.prompt.tokens()),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": request.max_output_tokens or self.max_tokens,
-            "skip_special_tokens": False,  # the output parser follows the template's markers
-            "stop_token_ids": _stop_ids(renderer.name, renderer),
-        }
-        if self.return_token_ids:
-            body["return_token_ids"] = True  # the sampled ids, kept as the assistant turn
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.top_p is not None:
-            body["top_p"] = request.top_p
-        body.update(self.extra_body)
-        return body
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        body = self.body(request)
+        dialect = await self._ready(renderer)
+        params, prefill, prefill_text = self._params(request, list(request.prompt.tokens()))
+        body = dialect.body(params)
+        headers = self.routing(request)
         customs = frozenset(tool.name for tool in request.tools.customs())
-        parser = parser_for(request.prompt.renderer.name if request.prompt else "", customs)
-        url = self.replica(request.affinity_key).rstrip("/") + "/v1/completions"
-        sampled: list[int] | None = []
-        usage: dict[str, Any] = {}
-        reason = "stop"
+        parser = parser_for(renderer.name, renderer.decode(list(renderer.generation_prompt)), customs)
+        outcome = _Outcome(sampled=list(prefill))
+        calls = 0
+        for event in parser.feed(prefill_text):
+            calls += isinstance(event, ToolCallStart)
+            yield event
+        unavailable: list[str] = []
+        for url in self.replicas.ranked(request.affinity_key):
+            try:
+                async for event in self._attempt(url, dialect, body, headers, renderer, parser, outcome, request, calls):
+                    yield event
+            except EngineUnavailable as exc:
+                self.replicas.mark_down(url)
+                unavailable.append(f"{url}: {exc}")
+                continue
+            break
+        else:
+            raise BackendError(
+                f"no {self.engine} replica could take the request ({'; '.join(unavailable)})", "server_error"
+            )
+        if outcome.truncated:
+            yield Finish(reason="stop", usage=self._usage(outcome, prefill), token_ids=None)
+            return
+        reason = _FINISH.get(outcome.finish or "")
+        if reason is None:
+            if outcome.finish is None:
+                raise BackendError("the engine's stream ended without a finish reason", "server_error")
+            raise finish_error(outcome.finish, outcome.detail)
+        sampled = outcome.sampled
+        if reason == "stop" and sampled is not None and outcome.matched_stop is not None and (
+            not sampled or sampled[-1] != outcome.matched_stop
+        ):
+            sampled.append(outcome.matched_stop)  # an engine that trims the stop id
+        yield Finish(reason=reason, usage=self._usage(outcome, prefill), token_ids=sampled or None)  # type: ignore[arg-type]
+
+    async def _attempt(
+        self,
+        url: str,
+        dialect: Dialect,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        renderer: Any,
+        parser: Any,
+        outcome: _Outcome,
+        request: GenerationRequest,
+        calls: int,
+    ) -> AsyncIterator[BackendEvent]:
+        """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
+        streamed = False
+        decoder = IncrementalDecoder(renderer.encoding)
+        mode: str | None = None  # "ids": decode sampled ids here; "text": the engine's text
         try:
-            async with self._client.stream("POST", url, json=body) as response:
+            async with self._client.stream("POST", url + dialect.path, json=body, headers=headers) as response:
                 if response.status_code != 200:
-                    raise _error_of(response.status_code, await response.aread())
+                    error = http_error(response.status_code, await response.aread(), response.headers)
+                    if response.status_code in RETRYABLE_STATUS:
+                        raise EngineUnavailable(error)
+                    raise error
+                self.replicas.mark_up(url)
+                reader = dialect.reader()
                 async for sse in EventSource(response).aiter_sse():
                     if sse.data == "[DONE]":
                         break
-                    chunk = json.loads(sse.data)
-                    if chunk.get("error"):
-                        raise BackendError(str(chunk["error"].get("message", chunk["error"])), "server_error")
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or ():
-                        ids = choice.get("token_ids")
-                        if sampled is not None:
-                            if ids is None:
-                                sampled = None  # the engine does not report ids: render the output
-                            else:
-                                sampled.extend(ids)
-                        for event in parser.feed(choice.get("text") or ""):
-                            yield event
-                        reason = _FINISH.get(choice.get("finish_reason") or "", reason)
-        except httpx.HTTPError as exc:
-            raise BackendError(f"the engine is unreachable: {exc}", "server_error") from exc
+                    try:
+                        payload = json.loads(sse.data)
+                    except ValueError as exc:
+                        raise BackendError(f"the engine sent a malformed chunk: {sse.data[:200]!r}", "server_error") from exc
+                    step = reader.read(payload)
+                    for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
+                        if getattr(step, name) is not None:
+                            setattr(outcome, name, getattr(step, name))
+                    if mode is None and (step.ids is not None or step.text is not None):
+                        mode = "ids" if step.ids is not None else "text"
+                        if mode == "text":
+                            outcome.sampled = None  # the engine does not report ids: render the output
+                    text = ""
+                    if mode == "ids" and step.ids:
+                        assert outcome.sampled is not None
+                        outcome.sampled.extend(step.ids)
+                        text = decoder.feed(step.ids)
+                    elif mode == "text":
+                        text = step.text or ""
+                    for event in parser.feed(text):
+                        if isinstance(event, ToolCallStart):
+                            calls += 1
+                            if calls > 1 and not request.parallel_tool_calls:
+                                outcome.truncated = True  # one call only: stop the engine here
+                                return
+                        streamed = True
+                        yield event
+                    if step.ids or step.text:
+                        streamed = True
+                    if step.finish:
+                        outcome.finish, outcome.detail = step.finish, step.finish_detail
+                    if step.matched_stop is not None:
+                        outcome.matched_stop = step.matched_stop
+        except httpx.TransportError as exc:
+            if streamed:
+                raise BackendError(f"the connection to the engine broke mid-stream: {exc}", "server_error") from exc
+            raise EngineUnavailable(BackendError(str(exc) or type(exc).__name__, "server_error")) from exc
+        for event in parser.feed(decoder.close()):
+            yield event
         for event in parser.close():
             yield event
-        yield Finish(
-            reason=reason,  # type: ignore[arg-type]
-            usage=EngineUsage(
-                prompt_tokens=usage.get("prompt_tokens"),
-                cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                output_tokens=usage.get("completion_tokens"),
-            ),
-            token_ids=sampled or None,
-        )
+
+    @staticmethod
+    def _usage(outcome: _Outcome, prefill: list[int]) -> EngineUsage:
+        output = outcome.output_tokens + len(prefill) if outcome.output_tokens is not None else None
+        return EngineUsage(prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens, output_tokens=output)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
-def _stop_ids(template: str, renderer: Any) -> list[int]:
+#: The name used before SGLang's tokens-in route and fail-over were added.
+CompletionsBackend = EngineBackend
+
+
+def _stop_ids(renderer: Any) -> list[int]:
     encoding = renderer.encoding
-    names = ("<|return|>", "<|call|>") if template.startswith("harmony") else ("<|im_end|>",)
+    names = ("<|return|>", "<|call|>") if renderer.name.startswith("harmony") else ("<|im_end|>",)
     return [encoding.encode_single_token(name) for name in names]
-
-
-def _error_of(status: int, body: bytes) -> BackendError:
-    try:
-        payload = json.loads(body)
-        error = payload.get("error", payload) if isinstance(payload, dict) else payload
-        message = error.get("message") if isinstance(error, dict) else str(error)
-    except ValueError:
-        message = body.decode(errors="replace")[:500]
-    return BackendError(f"the engine answered HTTP {status}: {message}", "server_error")

@@ -123,11 +123,15 @@ class ChatMLParser:
 
     _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-    def __init__(self, custom_tools: frozenset[str] = frozenset()) -> None:
+    def __init__(self, custom_tools: frozenset[str] = frozenset(), *, in_think: bool = False) -> None:
+        """``custom_tools``: the request's custom tools, whose calls carry plain-text input.
+        ``in_think``: the generation prompt already opened ``<think>`` (Qwen3-style thinking
+        templates), so the sampled text starts inside the reasoning and closes it with
+        ``</think>``."""
         self._custom = custom_tools
         self._specials_pending = ""
         self._pending = ""
-        self._mode = "text"  # "text" | "think" | "call"
+        self._mode = "think" if in_think else "text"  # "text" | "think" | "call"
         self._call = ""
 
     def feed(self, text: str) -> Iterator[BackendEvent]:
@@ -186,11 +190,19 @@ class ChatMLParser:
             self._mode = "text"
 
 
-def parser_for(renderer_name: str, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
-    """The parser matching the route's prompt template (``custom_tools``: the request's custom
+def opens_think(generation_prompt: str) -> bool:
+    """Whether a generation prompt leaves a ``<think>`` block open."""
+    return generation_prompt.rfind("<think>") > generation_prompt.rfind("</think>")
+
+
+def parser_for(
+    renderer_name: str, generation_prompt: str = "", custom_tools: frozenset[str] = frozenset()
+) -> OutputParser:
+    """The parser matching the route's prompt template (``generation_prompt``: its text, to
+    know whether the template opened ``<think>`` already; ``custom_tools``: the request's custom
     tools, whose calls carry plain-text input)."""
     if renderer_name.startswith("harmony"):
         return HarmonyParser(custom_tools)
     if renderer_name.startswith("chatml"):
-        return ChatMLParser(custom_tools)
+        return ChatMLParser(custom_tools, in_think=opens_think(generation_prompt))
     raise ValueError(f"no output parser for the renderer {renderer_name!r}")

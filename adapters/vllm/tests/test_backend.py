@@ -1,141 +1,281 @@
-"""The vLLM/SGLang backend against a fake OpenAI-compatible completions server on loopback.
-
-The fake engine checks what a real one would receive (a token-id prompt, the stop ids, special
-tokens kept) and streams a scripted harmony completion with its token ids, as vLLM does with
-``return_token_ids``.
-"""
+"""The vLLM/SGLang backend against the realistic engine fakes on loopback (real httpx, real
+uvicorn): the request bodies field by field, each endpoint's stream, fail-over, cancellation
+and error mapping."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import socket
+import time
 from typing import Any
 
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
+from responses_cache_vllm import EngineBackend, HandshakeError
 from websockets.sync.client import connect
 
-from responses_cache import create_app
+from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.tokens import get_renderer
+from responses_cache.testing import Behaviour, FakeSglang, FakeVllm
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
 CALL = (
-    "<|channel|>analysis<|message|>List the files.<|end|>"
+    "<|channel|>analysis<|message|>List the files — ünïcödé 🚀.<|end|>"
     "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>"
     '{"cmd": "ls"}<|call|>'
 )
 ANSWER = "<|channel|>final<|message|>There are two files.<|return|>"
-
-
-class FakeEngine:
-    def __init__(self, script: list[str], *, status: int = 200, hold: bool = False) -> None:
-        self.script = script
-        self.status = status
-        self.hold = hold
-        self.bodies: list[dict[str, Any]] = []
-        self.disconnected = asyncio.Event()
-        self.encoding = get_renderer("harmony").encoding
-
-    def app(self) -> Starlette:
-        async def completions(request: Request) -> Any:
-            body = await request.json()
-            self.bodies.append(body)
-            if self.status != 200:
-                return JSONResponse({"error": {"message": "prompt too long", "type": "BadRequestError"}}, self.status)
-            text = self.script[min(len(self.bodies) - 1, len(self.script) - 1)]
-            ids = self.encoding.encode(text, allowed_special="all")
-
-            async def stream() -> AsyncIterator[bytes]:
-                try:
-                    for i, token in enumerate(ids):
-                        if self.hold and i == 5:  # after a couple of text tokens
-                            await asyncio.sleep(30)  # a slow engine; the client goes away meanwhile
-                        done = i == len(ids) - 1
-                        choice = {"index": 0, "text": self.encoding.decode([token]), "token_ids": [token],
-                                  "finish_reason": "stop" if done else None}
-                        yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
-                    usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
-                             "prompt_tokens_details": {"cached_tokens": 0}}
-                    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
-                    yield b"data: [DONE]\n\n"
-                except asyncio.CancelledError:
-                    self.disconnected.set()
-                    raise
-
-            return StreamingResponse(stream(), media_type="text/event-stream")
-
-        return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+HARMONY = get_renderer("harmony")
+ENC = HARMONY.encoding
+STOPS = [ENC.encode_single_token("<|return|>"), ENC.encode_single_token("<|call|>")]
 
 
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "tools": TOOLS, **body}))
-    while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "response.failed", "error"):
+    while (event := json.loads(ws.recv()))["type"] not in (
+        "response.completed", "response.failed", "response.incomplete", "error"
+    ):
         pass
     return dict(event)
 
 
-def _server(live_server_factory: Any, engine: FakeEngine) -> Any:
-    upstream = live_server_factory(engine.app())
-    backend = load_backend("vllm", base_urls=f"http://127.0.0.1:{upstream.port}", model="gpt-oss-20b",
-                           served_models=["gpt-oss"])
-    return live_server_factory(create_app(backend=backend, renderer="harmony"))
+def _serve(live: Any, *engines: Any, name: str = "vllm", renderer: str = "harmony", **options: Any) -> Any:
+    urls = [f"http://127.0.0.1:{live(e.app()).port}" if not isinstance(e, str) else e for e in engines]
+    options.setdefault("template", renderer)
+    backend = load_backend(name, base_urls=urls, model="openai/gpt-oss-20b", served_models=["gpt-oss"], **options)
+    return live(create_app(backend=backend, renderer=renderer))
 
 
-def test_tool_loop_sends_token_prompts_and_keeps_sampled_ids(live_server_factory: Any) -> None:
-    engine = FakeEngine([CALL, ANSWER])
-    server = _server(live_server_factory, engine)
-    renderer = get_renderer("harmony")
+def _tool_loop(server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     with connect(server.ws_url, max_size=None) as ws:
-        first = _turn(ws, input="What is in this directory?", store=False)
-        output = first["response"]["output"]
-        assert [o["type"] for o in output] == ["reasoning", "function_call"]
-        assert output[0]["content"][0]["text"] == "List the files."
-        assert output[1]["name"] == "exec_command" and json.loads(output[1]["arguments"]) == {"cmd": "ls"}
+        first = _turn(ws, input="What is in this directory?", store=False, max_output_tokens=500)
+        call = first["response"]["output"][1]
         second = _turn(ws, store=False, previous_response_id=first["response"]["id"],
-                       input=[{"type": "function_call_output", "call_id": output[1]["call_id"], "output": "a.txt\nb.txt"}])
+                       input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "a.txt\nb.txt"}])
+    return first, second
+
+
+def _check_loop(engine: Any, first: dict[str, Any], second: dict[str, Any], prompt_field: str) -> None:
+    output = first["response"]["output"]
+    assert [o["type"] for o in output] == ["reasoning", "function_call"]
+    assert output[0]["content"][0]["text"] == "List the files — ünïcödé 🚀."
+    assert output[1]["name"] == "exec_command" and json.loads(output[1]["arguments"]) == {"cmd": "ls"}
+    assert second["response"]["status"] == "completed"
     assert second["response"]["output"][0]["content"][0]["text"] == "There are two files."
-    one, two = engine.bodies
-    assert one["model"] == "gpt-oss-20b" and one["skip_special_tokens"] is False
-    enc = renderer.encoding
-    assert one["stop_token_ids"] == [enc.encode_single_token("<|return|>"), enc.encode_single_token("<|call|>")]
-    # The continuation's prompt extends the first prompt by exactly what the engine sampled
-    # (kept as those ids), then the tool output: the engine's prefix cache sees an exact prefix.
-    sampled = enc.encode(CALL, allowed_special="all")
-    assert two["prompt"][: len(one["prompt"]) + len(sampled)] == one["prompt"] + sampled
-    assert second["response"]["usage"]["input_tokens_details"]["cached_tokens"] >= len(one["prompt"])
+    one, two = (r.body for r in engine.generation_requests())
+    # The continuation extends the first prompt by exactly the sampled ids, the stop id included.
+    sampled = ENC.encode(CALL, allowed_special="all")
+    assert two[prompt_field][: len(one[prompt_field]) + len(sampled)] == one[prompt_field] + sampled
+    assert engine.unknown_fields == []
+    assert engine.closed_early == 0
 
 
-def test_engine_errors_fail_the_response(live_server_factory: Any) -> None:
-    server = _server(live_server_factory, FakeEngine([ANSWER], status=400))
+# -- vLLM ------------------------------------------------------------------------------------
+
+
+def test_vllm_generate_route_request_fields_and_tool_loop(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [CALL, ANSWER])
+    first, second = _tool_loop(_serve(live_server_factory, engine))
+    _check_loop(engine, first, second, "token_ids")
+    requests = engine.generation_requests()
+    assert {r.path for r in requests} == {"/inference/v1/generate"}
+    body = requests[0].body
+    assert set(body) == {"request_id", "model", "token_ids", "sampling_params", "stream", "stream_options"}
+    assert body["model"] == "openai/gpt-oss-20b" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["request_id"] == first["response"]["id"]
+    assert body["sampling_params"] == {
+        "stop_token_ids": STOPS, "skip_special_tokens": False, "detokenize": False, "max_tokens": 500,
+    }
+    # No client limit: what the context window (max_model_len from /v1/models) leaves.
+    second_body = requests[1].body
+    assert second_body["sampling_params"]["max_tokens"] == engine.max_model_len - len(second_body["token_ids"])
+    # The tokenizer handshake ran at start, on the documented /tokenize fields.
+    tokenize = [r for r in engine.requests if r.path == "/tokenize"]
+    assert len(tokenize) == 1 and set(tokenize[0].body) == {"model", "prompt", "add_special_tokens"}
+    # Cached tokens grow from turn 2 (reported by the engine's final usage chunk).
+    assert second["response"]["usage"]["input_tokens_details"]["cached_tokens"] >= len(body["token_ids"]) // 16 * 16 - 16
+
+
+def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [CALL, ANSWER], generate_route=False)
+    engine.default = Behaviour(chunk_tokens=4, hold_back=True)
+    first, second = _tool_loop(_serve(live_server_factory, engine))
+    _check_loop(engine, first, second, "prompt")
+    body = engine.generation_requests()[0].body
+    assert engine.generation_requests()[0].path == "/v1/completions"
+    assert set(body) == {"request_id", "model", "prompt", "stream", "stream_options", "skip_special_tokens",
+                         "stop_token_ids", "max_tokens", "return_token_ids"}
+    assert body["stop_token_ids"] == STOPS and body["return_token_ids"] is True and body["skip_special_tokens"] is False
+
+
+def test_vllm_completions_without_ids_parses_the_engines_text(live_server_factory: Any) -> None:
+    # An engine that gives no ids: the text (stop token left out, held back across chunks) is
+    # parsed, and the assistant turn is rendered from the output items.
+    engine = FakeVllm(ENC, [CALL, ANSWER], generate_route=False)
+    engine.default = Behaviour(chunk_tokens=2, hold_back=True)
+    server = _serve(live_server_factory, engine, return_token_ids=False)
+    first, second = _tool_loop(server)
+    assert [o["type"] for o in first["response"]["output"]] == ["reasoning", "function_call"]
+    assert second["response"]["output"][0]["content"][0]["text"] == "There are two files."
+    assert "return_token_ids" not in engine.generation_requests()[0].body
+
+
+# -- SGLang ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_sglang_generate_frames(live_server_factory: Any, incremental: bool) -> None:
+    engine = FakeSglang(ENC, [CALL, ANSWER], incremental_output=incremental)
+    first, second = _tool_loop(_serve(live_server_factory, engine, name="sglang"))
+    _check_loop(engine, first, second, "input_ids")
+    request = engine.generation_requests()[0]
+    assert request.path == "/generate"
+    assert set(request.body) == {"rid", "input_ids", "sampling_params", "stream"}
+    assert request.body["sampling_params"] == {
+        "stop_token_ids": STOPS, "skip_special_tokens": False, "no_stop_trim": True, "max_new_tokens": 500,
+    }
+    assert request.headers["x-smg-routing-key"] and request.headers["x-smg-routing-key"] == \
+        engine.generation_requests()[1].headers["x-smg-routing-key"]
+
+
+def test_sglang_completions_endpoint(live_server_factory: Any) -> None:
+    engine = FakeSglang(ENC, [CALL, ANSWER])
+    first, second = _tool_loop(_serve(live_server_factory, engine, name="sglang", endpoint="completions"))
+    _check_loop(engine, first, second, "prompt")
+    body = engine.generation_requests()[0].body
+    assert set(body) == {"rid", "model", "prompt", "stream", "stream_options", "skip_special_tokens",
+                         "stop_token_ids", "max_tokens", "return_token_ids", "no_stop_trim"}
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def _one(live: Any, engine: Any, **options: Any) -> dict[str, Any]:
+    server = _serve(live, engine, **options)
+    with connect(server.ws_url) as ws:
+        return _turn(ws, input="hi")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "code", "words"),
+    [
+        (Behaviour(status=400, message="This model's maximum context length is 8192 tokens. However, you requested 9000 tokens."),
+         "context_length_exceeded", "context window"),
+        (Behaviour(status=429, message="Too many requests", retry_after="7"), "rate_limit_exceeded", "retry after 7s"),
+        (Behaviour(error_after=1, message="CUDA out of memory"), "server_error", "CUDA out of memory"),
+        (Behaviour(finish_reason="abort"), "server_error", "aborted"),
+        (Behaviour(finish_reason="repetition"), "server_error", "repetition"),
+        (Behaviour(finish_reason="error"), "server_error", "error"),
+    ],
+    ids=["context-length", "429", "error-chunk", "abort", "repetition", "error"],
+)
+@pytest.mark.parametrize("generate_route", [True, False], ids=["generate", "completions"])
+def test_engine_errors_keep_their_meaning(
+    live_server_factory: Any, behaviour: Behaviour, code: str, words: str, generate_route: bool
+) -> None:
+    engine = FakeVllm(ENC, [ANSWER], generate_route=generate_route)
+    engine.behaviours = [behaviour]
+    failed = _one(live_server_factory, engine)
+    assert failed["type"] == "response.failed", failed["type"]
+    error = failed["response"]["error"]
+    assert error["code"] == code and words in error["message"], error
+
+
+def test_length_is_incomplete_not_failed(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER])
+    server = _serve(live_server_factory, engine)
+    with connect(server.ws_url) as ws:
+        done = _turn(ws, input="hi", max_output_tokens=4)
+    assert done["type"] == "response.incomplete"
+    assert done["response"]["incomplete_details"]["reason"] == "max_output_tokens"
+
+
+def test_a_prompt_longer_than_the_window_is_refused_before_the_engine(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER], max_model_len=40)
+    failed = _one(live_server_factory, engine)
+    assert failed["response"]["error"]["code"] == "context_length_exceeded"
+    assert engine.generation_requests() == []
+
+
+# -- placement and fail-over -----------------------------------------------------------------
+
+
+def _dead_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: connections are refused
+
+
+def test_refused_connection_and_503_fail_over_before_the_first_token(live_server_factory: Any) -> None:
+    busy = FakeVllm(ENC, [ANSWER])
+    busy.default = Behaviour(status=503, message="no capacity")
+    good = FakeVllm(ENC, [ANSWER])
+    server = _serve(live_server_factory, busy, _dead_url(), good)
+    with connect(server.ws_url) as ws:
+        for i in range(6):  # several conversations: whichever replica owns them, they land on `good`
+            done = _turn(ws, input=f"conversation {i}")
+            assert done["type"] == "response.completed"
+    assert len(good.generation_requests()) == 6
+
+
+def test_no_replica_left_fails_the_response(live_server_factory: Any) -> None:
+    busy = FakeVllm(ENC, [ANSWER])
+    busy.default = Behaviour(status=503, message="no capacity")
+    server = _serve(live_server_factory, busy, _dead_url(), endpoint="generate", context_window=4096, handshake=False)
+    with connect(server.ws_url) as ws:
+        failed = _turn(ws, input="hi")
+    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "server_error"
+    message = failed["response"]["error"]["message"]
+    assert "no vllm replica could take the request" in message and "no capacity" in message
+    assert len(busy.generation_requests()) == 1
+
+
+def test_a_failure_after_the_first_token_fails_the_response_without_retry(live_server_factory: Any) -> None:
+    first = FakeVllm(ENC, [ANSWER])
+    second = FakeVllm(ENC, [ANSWER])
+    for engine in (first, second):
+        engine.default = Behaviour(chunk_tokens=1, error_after=2, message="engine died")
+    server = _serve(live_server_factory, first, second)
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed"
-    assert "HTTP 400" in failed["response"]["error"]["message"] and "prompt too long" in failed["response"]["error"]["message"]
+    assert "engine died" in failed["response"]["error"]["message"]
+    assert len(first.generation_requests()) + len(second.generation_requests()) == 1
 
 
-def test_client_disconnect_cancels_the_engine_request(live_server_factory: Any) -> None:
-    engine = FakeEngine([ANSWER], hold=True)
-    server = _server(live_server_factory, engine)
+def test_client_disconnect_closes_the_engine_stream(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER])
+    engine.default = Behaviour(chunk_tokens=1, hang_after=4)
+    server = _serve(live_server_factory, engine)
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.output_text.delta":
             pass
-    loop = asyncio.new_event_loop()
-    try:
-        assert loop.run_until_complete(asyncio.wait_for(_wait(engine), 10))
-    finally:
-        loop.close()
+    deadline = time.monotonic() + 10
+    while engine.closed_early == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.closed_early == 1 and engine.completed == 0
 
 
-async def _wait(engine: FakeEngine) -> bool:
-    while not engine.disconnected.is_set():
-        await asyncio.sleep(0.01)
-    return True
+def test_handshake_refuses_an_engine_with_another_vocabulary(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER], tokenize_offset=1)
+    upstream = live_server_factory(engine.app())
+    backend = EngineBackend(f"http://127.0.0.1:{upstream.port}", model=engine.model, template="harmony")
+    with pytest.raises(HandshakeError, match="tokenizes differently"):
+        asyncio.run(backend.start())
+    same = FakeVllm(ENC, [ANSWER])
+    ok = EngineBackend(f"http://127.0.0.1:{live_server_factory(same.app()).port}", model=same.model, template="harmony")
+    asyncio.run(ok.start())
+    assert ok.dialect is not None and ok.dialect.name == "vllm-generate" and ok.context_window == same.max_model_len
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn exits its thread
+def test_a_server_in_front_of_another_vocabulary_refuses_to_start(live_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER], tokenize_offset=7)
+    with pytest.raises(RuntimeError, match="did not start"):
+        _serve(live_server_factory, engine)
+    assert [r.path for r in engine.requests] == ["/inference/v1/generate", "/v1/models", "/tokenize"]
 
 
 def test_factory_needs_an_engine_address() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from responses_cache_vllm import ChatMLParser, HarmonyParser
+from responses_cache_vllm import ChatMLParser, HarmonyParser, parser_for
+from responses_cache_vllm.parsing import opens_think
 
 from responses_cache.backends import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 
@@ -37,7 +40,7 @@ def _summary(events: list[object]) -> list[tuple[str, str]]:
     return out
 
 
-def _run(parser_type: type, chunks: list[str]) -> list[tuple[str, str]]:
+def _run(parser_type: Any, chunks: list[str]) -> list[tuple[str, str]]:
     parser = parser_type()
     events: list[object] = []
     for chunk in chunks:
@@ -92,9 +95,28 @@ def test_custom_tool_calls_round_trip_through_both_templates() -> None:
         renderer = get_renderer(template)
         ids = renderer.extend(renderer.begin(None, EMPTY_TOOLS), [call]).item_tokens(0)
         sampled = renderer.decode(ids[len(renderer.generation_prompt) :])
-        parser = parser_for(renderer.name, frozenset({"apply_patch"}))
+        parser = parser_for(renderer.name, custom_tools=frozenset({"apply_patch"}))
         events = [*parser.feed(sampled), *parser.close()]
         assert events[0] == ToolCallStart(name="apply_patch", custom=True), template
         assert "".join(e.arguments for e in events[1:] if isinstance(e, ToolCallDelta)) == patch
         plain = parser_for(renderer.name)  # not declared custom: an ordinary function call
         assert next(iter([*plain.feed(sampled), *plain.close()])) == ToolCallStart(name="apply_patch")
+
+
+THINK_OPEN = 'first, plan\n</think>\n\nDone.<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'
+
+
+def test_chatml_opened_think_in_the_generation_prompt() -> None:
+    expected = [("reasoning", "first, plan\n"), ("text", "\n\nDone."), ("call", "None:f"), ("args", "{}")]
+    assert _run(lambda: ChatMLParser(in_think=True), [THINK_OPEN]) == expected
+    assert opens_think("<|im_start|>assistant\n<think>\n") and not opens_think("<|im_start|>assistant\n")
+    assert not opens_think("<think>\nx\n</think>\n")
+    assert isinstance(parser_for("chatml-cl100k_base", "<|im_start|>assistant\n<think>\n"), ChatMLParser)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sets(st.integers(1, len(THINK_OPEN) - 1), max_size=12))
+def test_opened_think_any_chunking(cuts: set[int]) -> None:
+    points = sorted(cuts)
+    chunks = [THINK_OPEN[a:b] for a, b in zip([0, *points], [*points, len(THINK_OPEN)], strict=True)]
+    assert _run(lambda: ChatMLParser(in_think=True), chunks) == _run(lambda: ChatMLParser(in_think=True), [THINK_OPEN])

@@ -1,0 +1,176 @@
+"""WebSocket mode inside vLLM's own server::
+
+    RESPONSES_CACHE_MODEL=openai/gpt-oss-20b VLLM_API_KEY=sk-... \\
+    vllm serve openai/gpt-oss-20b --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware
+
+vLLM passes a middleware class to ``app.add_middleware(cls)`` with no arguments, so
+:class:`ResponsesCacheMiddleware` is a pure ASGI class (``__init__(self, app)``) configured from
+environment variables. It answers WebSocket connections on ``/v1/responses`` itself (keeping the
+connection's token log) and generates through vLLM's own ``POST /inference/v1/generate``,
+called **in-process** through ASGI: no network hop, no re-tokenization. Everything else (vLLM's
+HTTP Responses API included, unless ``RESPONSES_CACHE_HTTP=1``) goes to vLLM untouched.
+
+Environment:
+
+==============================  ===============================================================
+``RESPONSES_CACHE_MODEL``       the served model name (required)
+``RESPONSES_CACHE_TEMPLATE``    the renderer template (default ``harmony``)
+``RESPONSES_CACHE_PATH``        the path taken over (default ``/v1/responses``)
+``RESPONSES_CACHE_HTTP``        ``1``: also serve HTTP ``POST`` on that path (default: WebSocket only)
+``RESPONSES_CACHE_ENDPOINT``    ``generate`` (default) or ``completions``
+``VLLM_API_KEY``                the key vLLM checks (``--api-key``); checked here too
+==============================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import httpx
+
+from responses_cache import create_app
+
+from .backend import EngineBackend
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: How long a closed in-process response may take to finish after its client went away.
+_DRAIN_S = 5.0
+
+
+class InProcessTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that calls an ASGI app in this process and **streams** its answer
+    (httpx's own ``ASGITransport`` collects the whole body first). Closing the response early
+    tells the app the client disconnected, as a socket close would."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        url = request.url
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": request.method,
+            "scheme": url.scheme,
+            "path": url.path,
+            "raw_path": url.raw_path.split(b"?")[0],
+            "query_string": url.query,
+            "root_path": "",
+            "headers": [(k.lower(), v) for k, v in request.headers.raw],
+            "client": ("127.0.0.1", 0),
+            "server": (url.host, url.port or 80),
+            "state": {},
+        }
+        messages: asyncio.Queue[Message | BaseException | None] = asyncio.Queue()
+        disconnected = asyncio.Event()
+        sent_body = False
+
+        async def receive() -> Message:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            await messages.put(message)
+
+        async def run() -> None:
+            try:
+                await self.app(scope, receive, send)
+            except Exception as exc:
+                await messages.put(exc)
+            finally:
+                await messages.put(None)
+
+        task = asyncio.ensure_future(run())
+        start = await messages.get()
+        if not isinstance(start, MutableMapping) or start.get("type") != "http.response.start":
+            disconnected.set()
+            await _finish(task)
+            raise httpx.RemoteProtocolError(f"the in-process app did not answer: {start!r}", request=request)
+        headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
+        return httpx.Response(
+            int(start["status"]), headers=headers, stream=_Body(messages, task, disconnected), request=request
+        )
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, messages: asyncio.Queue[Message | BaseException | None], task: asyncio.Future[None],
+                 disconnected: asyncio.Event) -> None:
+        self._messages = messages
+        self._task = task
+        self._disconnected = disconnected
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            message = await self._messages.get()
+            if message is None:
+                return
+            if isinstance(message, BaseException):
+                raise httpx.ReadError(f"the in-process app failed: {message}") from message
+            if message.get("type") == "http.response.body":
+                if message.get("body"):
+                    yield bytes(message["body"])
+                if not message.get("more_body", False):
+                    return
+
+    async def aclose(self) -> None:
+        self._disconnected.set()
+        await _finish(self._task)
+
+
+async def _finish(task: asyncio.Future[None]) -> None:
+    """Let the app notice the disconnect and end; cancel it if it does not in time."""
+    if task.done():
+        return
+    with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(task), _DRAIN_S)
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class ResponsesCacheMiddleware:
+    """``vllm serve --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        model = os.environ.get("RESPONSES_CACHE_MODEL")
+        if not model:
+            raise ValueError("ResponsesCacheMiddleware needs RESPONSES_CACHE_MODEL (the served model name)")
+        template = os.environ.get("RESPONSES_CACHE_TEMPLATE", "harmony")
+        self.path = os.environ.get("RESPONSES_CACHE_PATH", "/v1/responses")
+        self.http = os.environ.get("RESPONSES_CACHE_HTTP", "") in ("1", "true", "yes")
+        api_key = os.environ.get("VLLM_API_KEY") or None
+        self.backend = EngineBackend(
+            "http://vllm.in-process",
+            model=model,
+            engine="vllm",
+            endpoint=os.environ.get("RESPONSES_CACHE_ENDPOINT", "generate"),
+            template=template,
+            api_key=api_key,  # vLLM's own check sees the key on the in-process call
+            routing_headers=False,  # one process: nothing to route
+            transport=InProcessTransport(app),
+        )
+        self.inner = create_app(backend=self.backend, renderer=template, api_keys=[api_key] if api_key else None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if scope.get("path") == self.path and (kind == "websocket" or (kind == "http" and self.http)):
+            await self.inner(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

@@ -1,0 +1,92 @@
+"""WebSocket mode inside vLLM's server: the middleware added the way ``vllm serve --middleware``
+adds it (``app.add_middleware(cls)``, no arguments), in front of a fake vLLM ASGI app, with the
+generation called in-process."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from responses_cache_vllm.middleware import ResponsesCacheMiddleware
+from starlette.applications import Starlette
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from responses_cache import get_renderer
+from responses_cache.testing import Behaviour, FakeVllm
+
+ENC = get_renderer("harmony").encoding
+ANSWER = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hello there.<|return|>"
+
+
+def _vllm_with_middleware(engine: FakeVllm, monkeypatch: pytest.MonkeyPatch, **env: str) -> Starlette:
+    monkeypatch.setenv("RESPONSES_CACHE_MODEL", engine.model)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    app = Starlette(routes=engine.app().routes)
+    app.add_middleware(ResponsesCacheMiddleware)  # type: ignore[arg-type]  # what vLLM's register does
+    return app
+
+
+def _turn(ws: Any, **body: Any) -> dict[str, Any]:
+    ws.send(json.dumps({"type": "response.create", "model": "openai/gpt-oss-20b", **body}))
+    while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "response.failed", "error"):
+        pass
+    return dict(event)
+
+
+def test_websocket_mode_inside_vllm_calls_generate_in_process(
+    live_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeVllm(ENC, [ANSWER, ANSWER], api_key="sk-vllm")
+    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
+    headers = {"Authorization": "Bearer sk-vllm"}
+    with connect(server.ws_url, additional_headers=headers) as ws:
+        first = _turn(ws, input="hi", store=False)
+        second = _turn(ws, input="again", store=False, previous_response_id=first["response"]["id"])
+    assert first["response"]["output"][-1]["content"][0]["text"] == "Hello there."
+    assert second["type"] == "response.completed"
+    calls = engine.generation_requests()
+    assert [c.path for c in calls] == ["/inference/v1/generate"] * 2
+    # vLLM's key travels on the in-process call; the continuation extends the first prompt.
+    assert all(c.headers["authorization"] == "Bearer sk-vllm" for c in calls)
+    one, two = calls[0].body["token_ids"], calls[1].body["token_ids"]
+    assert two[: len(one)] == one and engine.unknown_fields == []
+    # Everything else is vLLM's, untouched (its own key check included).
+    assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models", headers=headers).json()["data"][0]["id"] == engine.model
+    assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models").status_code == 401
+
+
+def test_the_middleware_checks_vllms_api_key(live_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeVllm(ENC, [ANSWER], api_key="sk-vllm")
+    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server.ws_url, additional_headers=headers).close()
+        assert refused.value.response.status_code == 401
+    assert engine.requests == []
+
+
+def test_a_client_leaving_aborts_the_in_process_generation(
+    live_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeVllm(ENC, [ANSWER])
+    engine.default = Behaviour(chunk_tokens=1, hang_after=6)
+    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch))
+    with connect(server.ws_url) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": engine.model, "input": "hi"}))
+        while json.loads(ws.recv())["type"] != "response.reasoning_text.delta":
+            pass
+    deadline = time.monotonic() + 10
+    while engine.closed_early == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.closed_early == 1
+
+
+def test_the_middleware_needs_the_model_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RESPONSES_CACHE_MODEL", raising=False)
+    with pytest.raises(ValueError, match="RESPONSES_CACHE_MODEL"):
+        ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]

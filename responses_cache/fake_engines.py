@@ -1,0 +1,752 @@
+"""Realistic fake inference engines (ASGI apps) for testing engine adapters on loopback.
+
+Each fake answers the way the released engine does (vLLM 0.33.0, SGLang 0.5.23, the Cerebras
+Inference API as its SDK 1.91 models it), including the parts an adapter most easily gets wrong:
+
+* the stop token is in the sampled ids but not in ``text``; chunks carry several tokens; the
+  detokenizer holds text back across chunks (an incomplete UTF-8 sequence, or a whole chunk
+  with ``hold_back``);
+* SGLang's ``/generate`` streams **cumulative** ``text``/``output_ids`` frames;
+* ``finish_reason`` ``abort``/``repetition``/``error``; an error chunk mid-stream; a final
+  ``choices: []`` usage chunk; HTTP 400 (context length), 429 with ``Retry-After``, 503;
+* **unknown body fields are ignored silently**, as the engines do: every field the fake did not
+  recognise is recorded in :attr:`FakeEngine.unknown_fields`, so a test can assert that the
+  adapter sent only documented field names.
+
+The sampled output is scripted as text with the template's special tokens (``script``), encoded
+with the given tiktoken encoding. Cached tokens are counted as vLLM's prefix cache would: the
+longest block-aligned prefix shared with an earlier prompt of the same ``cache_salt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tiktoken
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+#: Documented request fields (the adapters must send nothing else: the engines drop unknown
+#: fields without a word). vLLM ``/inference/v1/generate`` (``GenerateRequest``).
+VLLM_GENERATE_FIELDS = frozenset(
+    {"request_id", "token_ids", "features", "sampling_params", "model", "stream", "stream_options",
+     "cache_salt", "priority", "kv_transfer_params", "output_mode"}
+)
+#: vLLM ``SamplingParams`` fields an adapter may set.
+VLLM_SAMPLING_FIELDS = frozenset(
+    {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
+     "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens", "logprobs",
+     "prompt_logprobs", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+     "include_stop_str_in_output", "structured_outputs", "logit_bias", "allowed_token_ids", "extra_args"}
+)
+#: vLLM ``/v1/completions`` (``CompletionRequest``; the sampling fields sit at the top level).
+VLLM_COMPLETIONS_FIELDS = frozenset(
+    {"model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+     "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
+     "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
+     "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+     "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids", "prompt_logprobs",
+     "add_special_tokens", "response_format", "structured_outputs", "priority", "request_id",
+     "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt",
+     "kv_transfer_params", "vllm_xargs"}
+)
+#: SGLang ``/generate`` (``GenerateReqInput``) and its ``sampling_params``.
+SGLANG_GENERATE_FIELDS = frozenset(
+    {"text", "input_ids", "input_embeds", "sampling_params", "rid", "session_id", "cache_salt", "routed_dp_rank",
+     "conversation_id", "return_logprob", "logprob_start_len",
+     "top_logprobs_num", "return_text_in_logprobs", "stream", "lora_path", "session_params",
+     "custom_logit_processor", "bootstrap_host", "bootstrap_room", "data_parallel_rank", "priority",
+     "routing_key", "extra_key"}
+)
+SGLANG_SAMPLING_FIELDS = frozenset(
+    {"max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+     "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
+     "spaces_between_special_tokens", "no_stop_trim", "n", "json_schema", "regex", "ebnf",
+     "structural_tag", "custom_params", "sampling_seed"}
+)
+#: SGLang ``/v1/completions`` (``CompletionRequest``).
+SGLANG_COMPLETIONS_FIELDS = frozenset(
+    {"model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+     "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
+     "return_hidden_states", "top_k", "min_p", "min_tokens", "regex", "json_schema", "repetition_penalty",
+     "stop_token_ids", "no_stop_trim", "ignore_eos", "skip_special_tokens", "lora_path", "session_params",
+     "rid", "extra_key", "cache_salt", "priority", "return_token_ids"}
+)
+#: Cerebras ``/v1/completions`` (SDK ``completion_create_params``) and ``/v1/chat/completions``.
+CEREBRAS_COMPLETIONS_FIELDS = frozenset(
+    {"model", "prompt", "best_of", "echo", "frequency_penalty", "grammar_root", "logit_bias", "logprobs",
+     "max_tokens", "min_tokens", "n", "presence_penalty", "prompt_cache_key", "reasoning_format",
+     "return_raw_tokens", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user"}
+)
+CEREBRAS_CHAT_FIELDS = frozenset(
+    {"model", "messages", "clear_thinking", "logprobs", "max_completion_tokens", "max_tokens",
+     "parallel_tool_calls", "prediction", "reasoning_effort", "reasoning_format", "response_format", "seed",
+     "service_tier", "stop", "stream", "stream_options", "temperature", "tool_choice", "tools", "top_logprobs",
+     "top_p", "user", "frequency_penalty", "presence_penalty", "logit_bias", "n", "prompt_cache_key"}
+)
+
+
+@dataclass
+class Behaviour:
+    """How the fake answers one request (set per request in :attr:`FakeEngine.behaviours`)."""
+
+    #: Tokens per streamed chunk (engines batch several tokens per step).
+    chunk_tokens: int = 3
+    #: Deliver each chunk's text one chunk late (an incremental detokenizer holding text back).
+    hold_back: bool = False
+    #: The final finish reason instead of ``stop``/``length`` (``abort``, ``repetition``, ``error``).
+    finish_reason: str | None = None
+    #: After this many chunks, an error chunk instead of the rest.
+    error_after: int | None = None
+    #: Answer with this HTTP status (and an error body) instead of streaming.
+    status: int | None = None
+    message: str = "error"
+    retry_after: str | None = None
+    #: After this many chunks, stall until the client goes away.
+    hang_after: int | None = None
+
+
+@dataclass
+class Received:
+    """One request as the fake received it."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+class FakeEngine:
+    """Common state: recorded requests, streams the client closed early, the prefix cache."""
+
+    #: Field sets of this engine's endpoints (path -> top-level fields, nested field sets).
+    fields: Mapping[str, frozenset[str]] = {}
+    nested: Mapping[str, Mapping[str, frozenset[str]]] = {}
+
+    def __init__(
+        self,
+        encoding: tiktoken.Encoding,
+        script: Sequence[str] = ("<|channel|>final<|message|>Hello.<|return|>",),
+        *,
+        model: str = "openai/gpt-oss-20b",
+        max_model_len: int = 131_072,
+        block_size: int = 16,
+        report_cached: bool = True,
+        tokenize_offset: int = 0,
+        api_key: str | None = None,
+    ) -> None:
+        self.encoding = encoding
+        self.script = list(script)
+        self.model = model
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        #: ``--enable-prompt-tokens-details`` (vLLM) / ``--enable-cache-report`` (SGLang).
+        self.report_cached = report_cached
+        #: Shift ``/tokenize`` ids (a server running a different vocabulary).
+        self.tokenize_offset = tokenize_offset
+        self.api_key = api_key
+        self.behaviours: list[Behaviour] = []
+        self.default = Behaviour()
+        self.requests: list[Received] = []
+        self.unknown_fields: list[str] = []
+        self.closed_early = 0
+        self.completed = 0
+        self._prompts: list[tuple[str | None, list[int]]] = []
+        self._generations = 0
+
+    # -- shared helpers ------------------------------------------------------------------------
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.requests]
+
+    def generation_requests(self) -> list[Received]:
+        return [r for r in self.requests
+                if r.body and r.path not in ("/tokenize", "/v1/tokenize", "/v1/models", "/health", "/v1/tcp_warming")]
+
+    def _behaviour(self) -> Behaviour:
+        return self.behaviours.pop(0) if self.behaviours else self.default
+
+    async def _record(self, request: Request) -> tuple[dict[str, Any], JSONResponse | None]:
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return {}, JSONResponse({"error": "Unauthorized"}, 401)
+        body = json.loads(await request.body() or b"{}") if request.method == "POST" else {}
+        path = request.url.path
+        self.requests.append(Received(path, body, dict(request.headers)))
+        known = self.fields.get(path)
+        if known is not None:
+            self.unknown_fields += [f"{path}:{k}" for k in body if k not in known]
+            for key, nested in self.nested.get(path, {}).items():
+                self.unknown_fields += [f"{path}:{key}.{k}" for k in body.get(key) or {} if k not in nested]
+        return body, None
+
+    def _sample(self, prompt: Sequence[int], max_tokens: int | None, stop_ids: Sequence[int]) -> tuple[list[int], str]:
+        """The scripted ids for this generation, cut at a stop id or ``max_tokens``."""
+        text = self.script[min(self._generations, len(self.script) - 1)]
+        self._generations += 1
+        ids = self.encoding.encode(text, allowed_special="all")
+        for i, token in enumerate(ids):
+            if token in stop_ids:
+                ids, reason = ids[: i + 1], "stop"
+                break
+        else:
+            reason = "stop"
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, reason = ids[:max_tokens], "length"
+        return ids, reason
+
+    def _cached(self, salt: str | None, prompt: list[int]) -> int:
+        best = 0
+        for other_salt, other in self._prompts:
+            if other_salt != salt:
+                continue
+            n = 0
+            for a, b in zip(other, prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n - n % self.block_size)
+        self._prompts.append((salt, list(prompt)))
+        return min(best, max(len(prompt) - 1, 0) // self.block_size * self.block_size)
+
+    def _chunks(self, ids: list[int], size: int) -> list[list[int]]:
+        return [ids[i : i + size] for i in range(0, len(ids), max(size, 1))] or [[]]
+
+    async def _stream(self, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Wrap a frame generator: count streams the client closed before the end."""
+        finished = False
+        try:
+            async for frame in frames:
+                yield frame
+            finished = True
+            self.completed += 1
+        finally:
+            if not finished:
+                self.closed_early += 1
+
+    async def _hang(self) -> None:
+        await asyncio.sleep(3600)
+
+    def _texts(self, chunks: list[list[int]], stop_ids: Sequence[int], keep_special: bool, hold_back: bool) -> list[str]:
+        """Each chunk's text as an incremental detokenizer gives it (stop token left out)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        texts: list[str] = []
+        special = set(self.encoding.special_tokens_set)
+        for chunk in chunks:
+            keep = [t for t in chunk if t not in stop_ids]
+            if not keep_special:
+                keep = [t for t in keep if self.encoding.decode_single_token_bytes(t).decode(errors="replace") not in special]
+            texts.append(decoder.decode(self.encoding.decode_bytes(keep)))
+        texts[-1] += decoder.decode(b"", final=True)
+        if hold_back and len(texts) > 1:
+            texts = ["", *texts[:-2], texts[-2] + texts[-1]]
+        return texts
+
+    def _error_response(self, behaviour: Behaviour) -> Response:
+        headers = {"retry-after": behaviour.retry_after} if behaviour.retry_after else None
+        return JSONResponse(self._error_body(behaviour.status or 500, behaviour.message), behaviour.status or 500, headers=headers)
+
+    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {400: "BadRequestError", 429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+        return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+    async def _tokenize(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        ids = self.encoding.encode(str(body.get("prompt", "")), allowed_special="all")
+        tokens = [t + self.tokenize_offset for t in ids]
+        return JSONResponse({"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens})
+
+    async def _models(self, request: Request) -> Response:
+        _, denied = await self._record(request)
+        if denied:
+            return denied
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model, "object": "model", "owned_by": "fake", "max_model_len": self.max_model_len}
+        ]})
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    def app(self) -> Starlette:
+        raise NotImplementedError
+
+
+def _sse(payload: Mapping[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+class FakeVllm(FakeEngine):
+    """vLLM 0.33.0: ``/inference/v1/generate``, ``/v1/completions``, ``/tokenize``, ``/v1/models``,
+    ``/health``. ``tokens_only``: ``--tokens-only``; ``generate_route``: whether the tokens-in
+    route exists (older servers answer 404)."""
+
+    fields = {
+        "/inference/v1/generate": VLLM_GENERATE_FIELDS,
+        "/v1/completions": VLLM_COMPLETIONS_FIELDS,
+        "/tokenize": frozenset({"model", "prompt", "add_special_tokens", "return_token_strs", "add_generation_prompt",
+                                "messages", "continue_final_message", "chat_template", "chat_template_kwargs", "tools"}),
+    }
+    nested = {"/inference/v1/generate": {"sampling_params": VLLM_SAMPLING_FIELDS,
+                                         "stream_options": frozenset({"include_usage", "continuous_usage_stats"})},
+              "/v1/completions": {"stream_options": frozenset({"include_usage", "continuous_usage_stats"})}}
+
+    def __init__(self, encoding: tiktoken.Encoding, script: Sequence[str] = ("Hi.",), *, generate_route: bool = True,
+                 **options: Any) -> None:
+        super().__init__(encoding, script, **options)
+        self.generate_route = generate_route
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+        ]
+        if self.generate_route:
+            routes.append(Route("/inference/v1/generate", self._generate, methods=["POST"]))
+        return Starlette(routes=routes)
+
+    def _usage(self, prompt: list[int], salt: str | None, completion: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + completion,
+                                 "completion_tokens": completion}
+        cached = self._cached(salt, prompt)
+        if self.report_cached and cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+    def _check(self, prompt: Any, body: Mapping[str, Any]) -> str | None:
+        if not isinstance(prompt, list) or any(not isinstance(t, int) or t < 0 for t in prompt):
+            return "prompt must be a list of non-negative token ids"
+        if body.get("stream_options") is not None and not body.get("stream"):
+            return "Stream options can only be defined when `stream=True`."
+        if len(prompt) >= self.max_model_len:
+            return (f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
+                    f"{len(prompt)} input tokens. Please reduce the length of the input messages.")
+        return None
+
+    async def _generate(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        prompt = body.get("token_ids")
+        params = body.get("sampling_params") or {}
+        problem = self._check(prompt, body)
+        if problem or not isinstance(prompt, list):
+            return JSONResponse(self._error_body(400, problem or "token_ids is required"), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
+        ids, reason = self._sample(prompt, params.get("max_tokens", 16), params.get("stop_token_ids") or ())
+        chunks = self._chunks(ids, behaviour.chunk_tokens)
+        request_id = body.get("request_id") or "gen-fake"
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def frames() -> AsyncIterator[bytes]:
+            for i, chunk in enumerate(chunks):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse(self._error_body(500, behaviour.message))
+                    yield b"data: [DONE]\n\n"
+                    return
+                last = i == len(chunks) - 1
+                finish = (behaviour.finish_reason or reason) if last else None
+                yield _sse({"request_id": request_id, "choices": [
+                    {"index": 0, "logprobs": None, "finish_reason": finish, "token_ids": chunk}]})
+            if include_usage:
+                yield _sse({"request_id": request_id, "choices": [],
+                            "usage": self._usage(prompt, body.get("cache_salt"), len(ids))})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream")
+
+    async def _completions(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        prompt = body.get("prompt")
+        problem = self._check(prompt, body)
+        if problem or not isinstance(prompt, list):
+            return JSONResponse(self._error_body(400, problem or "prompt is required"), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
+        stop_ids = body.get("stop_token_ids") or ()
+        ids, reason = self._sample(prompt, body.get("max_tokens", 16), stop_ids)
+        chunks = self._chunks(ids, behaviour.chunk_tokens)
+        keep_special = body.get("skip_special_tokens") is False
+        texts = self._texts(chunks, stop_ids, keep_special, behaviour.hold_back)
+        with_ids = bool(body.get("return_token_ids"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        created = int(time.time())
+
+        async def frames() -> AsyncIterator[bytes]:
+            for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse(self._error_body(500, behaviour.message))
+                    yield b"data: [DONE]\n\n"
+                    return
+                last = i == len(chunks) - 1
+                choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                                          "finish_reason": (behaviour.finish_reason or reason) if last else None,
+                                          "stop_reason": ids[-1] if last and reason == "stop" and ids and ids[-1] in stop_ids else None}
+                if with_ids:
+                    choice["token_ids"] = chunk
+                    if i == 0:
+                        choice["prompt_token_ids"] = prompt
+                yield _sse({"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
+                            "choices": [choice], "usage": None})
+            if include_usage:
+                yield _sse({"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
+                            "choices": [], "usage": self._usage(prompt, body.get("cache_salt"), len(ids))})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream")
+
+
+class FakeSglang(FakeEngine):
+    """SGLang 0.5.23: ``/generate`` (cumulative frames unless ``incremental_output``,
+    ``--incremental-streaming-output``), ``/v1/completions`` (``matched_stop``, errors as
+    ``{"object": "error", ...}``), ``/v1/tokenize``, ``/v1/models``, ``/health``."""
+
+    fields = {"/generate": SGLANG_GENERATE_FIELDS, "/v1/completions": SGLANG_COMPLETIONS_FIELDS,
+              "/v1/tokenize": frozenset({"model", "prompt", "add_special_tokens"})}
+    nested = {"/generate": {"sampling_params": SGLANG_SAMPLING_FIELDS},
+              "/v1/completions": {"stream_options": frozenset({"include_usage", "continuous_usage_stats"})}}
+
+    def __init__(self, encoding: tiktoken.Encoding, script: Sequence[str] = ("Hi.",), *, incremental_output: bool = False,
+                 **options: Any) -> None:
+        super().__init__(encoding, script, **options)
+        self.incremental_output = incremental_output
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/generate", self._generate, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/tokenize", self._tokenize, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+        ])
+
+    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {400: "BadRequestError", 429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+        return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+    def _too_long(self, prompt: list[int]) -> str | None:
+        if len(prompt) >= self.max_model_len:
+            return (f"The input ({len(prompt)} tokens) is longer than the model's context length "
+                    f"({self.max_model_len} tokens).")
+        return None
+
+    async def _generate(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        if not body.get("input_ids"):
+            return JSONResponse({"error": {"message": "Either text, input_ids or input_embeds should be provided."}}, 400)
+        prompt = list(body["input_ids"])
+        problem = self._too_long(prompt)
+        if problem:
+            return JSONResponse({"error": {"message": problem}}, 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
+        params = body.get("sampling_params") or {}
+        stop_ids = params.get("stop_token_ids") or ()
+        ids, reason = self._sample(prompt, params.get("max_new_tokens", 128), stop_ids)
+        chunks = self._chunks(ids, behaviour.chunk_tokens)
+        texts = self._texts(chunks, () if params.get("no_stop_trim") else stop_ids,
+                            params.get("skip_special_tokens") is False, behaviour.hold_back)
+        cached = self._cached(None, prompt) if self.report_cached else 0
+
+        async def frames() -> AsyncIterator[bytes]:
+            text, out = "", list[int]()
+            for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse({"error": {"message": behaviour.message}})
+                    yield b"data: [DONE]\n\n"
+                    return
+                text, out = text + piece, out + chunk
+                last = i == len(chunks) - 1
+                finish: dict[str, Any] | None = None
+                if last:
+                    kind = behaviour.finish_reason or reason
+                    finish = ({"type": "stop", "matched": ids[-1]} if kind == "stop"
+                              else {"type": "length", "length": len(ids)} if kind == "length"
+                              else {"type": kind, "message": "aborted by the server"})
+                meta = {"id": "sgl-fake", "finish_reason": finish, "prompt_tokens": len(prompt),
+                        "completion_tokens": len(out), "cached_tokens": cached}
+                if self.incremental_output:
+                    yield _sse({"text": piece, "output_ids": chunk, "meta_info": meta})
+                else:
+                    yield _sse({"text": text, "output_ids": out, "meta_info": meta})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream")
+
+    async def _completions(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list):
+            return JSONResponse(self._error_body(400, "prompt must be token ids here"), 400)
+        problem = self._too_long(prompt)
+        if problem:
+            return JSONResponse(self._error_body(400, problem), 400)
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._error_response(behaviour)
+        stop_ids = body.get("stop_token_ids") or ()
+        ids, reason = self._sample(prompt, body.get("max_tokens", 16), stop_ids)
+        chunks = self._chunks(ids, behaviour.chunk_tokens)
+        texts = self._texts(chunks, stop_ids, body.get("skip_special_tokens") is False, behaviour.hold_back)
+        with_ids = bool(body.get("return_token_ids"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        cached = self._cached(None, prompt)
+
+        async def frames() -> AsyncIterator[bytes]:
+            for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse(self._error_body(500, behaviour.message))
+                    yield b"data: [DONE]\n\n"
+                    return
+                last = i == len(chunks) - 1
+                choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                                          "finish_reason": (behaviour.finish_reason or reason) if last else None,
+                                          "matched_stop": ids[-1] if last and reason == "stop" and ids[-1] in stop_ids else None}
+                if with_ids:
+                    choice["token_ids"] = chunk
+                yield _sse({"id": "sgl-cmpl", "object": "text_completion", "created": 0, "model": self.model,
+                            "choices": [choice], "usage": None})
+            if include_usage:
+                usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                                         "total_tokens": len(prompt) + len(ids)}
+                if self.report_cached:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
+                yield _sse({"id": "sgl-cmpl", "object": "text_completion", "created": 0, "model": self.model,
+                            "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream")
+
+
+@dataclass
+class RateLimits:
+    """The ``x-ratelimit-*`` headers the Cerebras fake sends with every answer."""
+
+    limit_requests_day: int = 14_400
+    remaining_requests_day: int = 14_399
+    limit_tokens_minute: int = 1_000_000
+    remaining_tokens_minute: int = 999_000
+    reset_requests_day: str = "33011.38"
+    reset_tokens_minute: str = "11.38"
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit-requests-day": str(self.limit_requests_day),
+            "x-ratelimit-remaining-requests-day": str(self.remaining_requests_day),
+            "x-ratelimit-limit-tokens-minute": str(self.limit_tokens_minute),
+            "x-ratelimit-remaining-tokens-minute": str(self.remaining_tokens_minute),
+            "x-ratelimit-reset-requests-day": self.reset_requests_day,
+            "x-ratelimit-reset-tokens-minute": self.reset_tokens_minute,
+        }
+
+
+@dataclass
+class ChatReply:
+    """One scripted chat-completions answer: reasoning, text, and (name, arguments) calls."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+
+
+class FakeCerebras(FakeEngine):
+    """The Cerebras Inference API: ``/v1/completions`` with token-id prompts (``return_raw_tokens``
+    → ``choices[].tokens``; no ``stop_token_ids``, at most 4 ``stop`` strings),
+    ``/v1/chat/completions`` (``reasoning`` in deltas, ``clear_thinking``), ``/v1/models``,
+    ``/v1/tcp_warming``; ``x-ratelimit-*`` headers; usage and ``time_info`` only in the last chunk;
+    errors mid-stream as ``{"error": {...}, "status_code": N}``."""
+
+    fields = {"/v1/completions": CEREBRAS_COMPLETIONS_FIELDS, "/v1/chat/completions": CEREBRAS_CHAT_FIELDS}
+    nested = {"/v1/completions": {"stream_options": frozenset({"include_usage"})},
+              "/v1/chat/completions": {"stream_options": frozenset({"include_usage"})}}
+
+    def __init__(self, encoding: tiktoken.Encoding, script: Sequence[str] = ("Hi.",), *,
+                 chat_script: Sequence[ChatReply] = (ChatReply(content="Hi."),), block_size: int = 128,
+                 raw_tokens: bool = True, special_tokens_in_text: bool = True, **options: Any) -> None:
+        super().__init__(encoding, script, block_size=block_size, **options)
+        #: Whether ``return_raw_tokens`` is honoured while streaming, and whether special tokens
+        #: appear in ``text`` (neither is documented for streaming completions).
+        self.raw_tokens = raw_tokens
+        self.special_tokens_in_text = special_tokens_in_text
+        self.chat_script = list(chat_script)
+        self.rate_limits = RateLimits()
+        self._chats = 0
+        self._chat_prompts: list[str] = []
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/tcp_warming", self._warming, methods=["GET", "POST"]),
+        ])
+
+    async def _warming(self, request: Request) -> Response:
+        await self._record(request)
+        return JSONResponse({})
+
+    def _cerebras_error(self, behaviour: Behaviour) -> Response:
+        status = behaviour.status or 500
+        headers = self.rate_limits.headers()
+        if behaviour.retry_after:
+            headers["retry-after"] = behaviour.retry_after
+        kind = {400: "invalid_request_error", 429: "too_many_tokens_error"}.get(status, "server_error")
+        code = {400: "context_length_exceeded", 429: "token_quota_exceeded"}.get(status, "internal_error")
+        return JSONResponse({"message": behaviour.message, "type": kind, "param": "", "code": code}, status, headers=headers)
+
+    async def _completions(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._cerebras_error(behaviour)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or len(body.get("stop") or []) > 4:
+            return JSONResponse({"message": "bad request", "type": "invalid_request_error", "param": "prompt",
+                                 "code": "wrong_api_format"}, 400)
+        text = self.script[min(self._generations, len(self.script) - 1)]
+        self._generations += 1
+        ids = self.encoding.encode(text, allowed_special="all")
+        stops = [s for s in body.get("stop") or [] if s]
+        full = self.encoding.decode(ids)
+        reason = "stop"
+        for s in stops:  # a stop string ends generation; it is not part of the text
+            at = full.find(s)
+            if at != -1:
+                ids = self.encoding.encode(full[:at], allowed_special="all")
+        max_tokens = body.get("max_tokens")
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, reason = ids[:max_tokens], "length"
+        chunks = self._chunks(ids, behaviour.chunk_tokens)
+        texts = self._texts(chunks, (), self.special_tokens_in_text, behaviour.hold_back)
+        raw = bool(body.get("return_raw_tokens")) and self.raw_tokens
+        cached = self._cached(None, prompt)
+
+        async def frames() -> AsyncIterator[bytes]:
+            for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
+                                "status_code": 500})
+                    return
+                last = i == len(chunks) - 1
+                choice: dict[str, Any] = {"index": 0, "text": piece,
+                                          "finish_reason": (behaviour.finish_reason or reason) if last else None}
+                if raw:
+                    choice["tokens"] = chunk
+                frame: dict[str, Any] = {"id": "cmpl-cb", "object": "text_completion", "created": 0,
+                                         "model": body.get("model"), "system_fingerprint": "fp", "choices": [choice]}
+                if last:
+                    frame["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                                      "total_tokens": len(prompt) + len(ids),
+                                      "prompt_tokens_details": {"cached_tokens": cached}}
+                    frame["time_info"] = {"queue_time": 0.0001, "prompt_time": 0.001, "completion_time": 0.01,
+                                          "total_time": 0.012, "created": 0}
+                yield _sse(frame)
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream", headers=self.rate_limits.headers())
+
+    async def _chat(self, request: Request) -> Response:
+        body, denied = await self._record(request)
+        if denied:
+            return denied
+        behaviour = self._behaviour()
+        if behaviour.status:
+            return self._cerebras_error(behaviour)
+        reply = self.chat_script[min(self._chats, len(self.chat_script) - 1)]
+        self._chats += 1
+        serial = json.dumps(body.get("messages"), separators=(",", ":"))
+        cached = max((_common_prefix(serial, other) for other in self._chat_prompts), default=0)
+        self._chat_prompts.append(serial)
+        prompt_tokens = len(self.encoding.encode(serial))
+        cached_tokens = min(len(self.encoding.encode(serial[:cached])), prompt_tokens) // self.block_size * self.block_size
+
+        async def frames() -> AsyncIterator[bytes]:
+            base = {"id": "chatcmpl-cb", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                    "system_fingerprint": "fp"}
+            deltas: list[dict[str, Any]] = [{"role": "assistant"}]
+            deltas += [{"reasoning": reply.reasoning[i : i + 8]} for i in range(0, len(reply.reasoning), 8)]
+            deltas += [{"content": reply.content[i : i + 8]} for i in range(0, len(reply.content), 8)]
+            for n, (name, arguments) in enumerate(reply.tool_calls):
+                deltas.append({"tool_calls": [{"index": n, "id": f"call_cb{self._chats}_{n}", "type": "function",
+                                               "function": {"name": name, "arguments": ""}}]})
+                deltas += [{"tool_calls": [{"index": n, "function": {"arguments": arguments[i : i + 8]}}]}
+                           for i in range(0, len(arguments), 8)]
+            for i, delta in enumerate(deltas):
+                if behaviour.hang_after is not None and i == behaviour.hang_after:
+                    await self._hang()
+                if behaviour.error_after is not None and i == behaviour.error_after:
+                    yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
+                                "status_code": 500})
+                    return
+                yield _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            completion = len(self.encoding.encode(reply.reasoning + reply.content))
+            yield _sse({**base, "choices": [{"index": 0, "delta": {},
+                                             "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                  "total_tokens": prompt_tokens + completion,
+                                  "prompt_tokens_details": {"cached_tokens": cached_tokens}},
+                        "time_info": {"queue_time": 0.0, "prompt_time": 0.0, "completion_time": 0.0, "total_time": 0.0}})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(self._stream(frames()), media_type="text/event-stream", headers=self.rate_limits.headers())
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+__all__ = [
+    "CEREBRAS_CHAT_FIELDS",
+    "CEREBRAS_COMPLETIONS_FIELDS",
+    "SGLANG_COMPLETIONS_FIELDS",
+    "SGLANG_GENERATE_FIELDS",
+    "SGLANG_SAMPLING_FIELDS",
+    "VLLM_COMPLETIONS_FIELDS",
+    "VLLM_GENERATE_FIELDS",
+    "VLLM_SAMPLING_FIELDS",
+    "Behaviour",
+    "ChatReply",
+    "FakeCerebras",
+    "FakeEngine",
+    "FakeSglang",
+    "FakeVllm",
+    "RateLimits",
+    "Received",
+]
