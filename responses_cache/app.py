@@ -1,10 +1,10 @@
-"""``create_app``: the reference server (HTTP + SSE + WebSocket mode) in one ASGI app."""
+"""Building a responses-cache: :func:`create_service` (to mount in any ASGI app) and
+:func:`create_app` (the reference server: HTTP, SSE and WebSocket mode in one ASGI app)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -15,11 +15,18 @@ from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
 from .http_api import HTTPApi
+from .lifecycle import Resources
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
 from .routing import Route, Router, StaticRouter
+from .runtime import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PROCESS_CACHE_BYTES,
+    Service,
+)
 from .service import ResponsesService
 from .session import SessionConfig
 from .store import MemoryResponseStore, ResponseStore
@@ -28,7 +35,8 @@ from .websocket import WebSocketMode
 
 @dataclass(slots=True)
 class ServerConfig:
-    """Everything :func:`create_app` takes, with defaults that serve the simulated engine."""
+    """Everything :func:`create_service` and :func:`create_app` take, with defaults that serve
+    the simulated engine."""
 
     backend: Backend | None = None
     router: Router | None = None
@@ -41,10 +49,10 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: Cap on the sum of all WebSocket connections' caches (least recently used give way).
-    process_cache_bytes: int | None = 4 * 1024**3
-    context_window: int = 131_072
+    process_cache_bytes: int | None = DEFAULT_PROCESS_CACHE_BYTES
+    context_window: int = DEFAULT_CONTEXT_WINDOW
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -57,39 +65,69 @@ def default_router(backend: Backend, renderer: str | None, context_window: int) 
     return StaticRouter({m: route for m in backend.models()}, default=route)
 
 
-def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
-    """Build the ASGI app. ``create_app()`` serves the simulated engine with defaults; keyword
-    options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``)."""
+def _configured(config: ServerConfig | None, options: Mapping[str, object], caller: str) -> ServerConfig:
+    """``config`` with ``options`` applied, as a copy: the caller's config is never changed."""
     cfg = config or ServerConfig()
-    for name, value in options.items():
-        if not hasattr(cfg, name):
-            raise TypeError(f"create_app() got an unexpected option {name!r}")
-        setattr(cfg, name, value)
+    unknown = sorted(set(options) - {f.name for f in fields(ServerConfig)})
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected option {unknown[0]!r}")
+    return replace(cfg, **options)  # type: ignore[arg-type]
+
+
+def create_service(config: ServerConfig | None = None, **options: object) -> Service:
+    """Build a :class:`Service` to mount with :class:`WebSocketMode` in any ASGI app, or to serve
+    with :func:`create_app`. Keyword options override :class:`ServerConfig` fields.
+
+    Who may connect must be said explicitly: ``api_keys=[...]``, an ``authenticator=``, or
+    ``authenticator=AllowAll()`` for development. A service does nothing until started: the host
+    app's lifespan starts and closes it (through ``WebSocketMode``), or ``async with service``.
+    """
+    cfg = _configured(config, options, "create_service")
+    if cfg.authenticator is None and not cfg.api_keys:
+        raise ValueError(
+            "create_service() needs api_keys=[...] or an authenticator= (AllowAll() for development): "
+            "a mount without one would let every client in"
+        )
+    return _build(cfg, cfg.authenticator or BearerKeys(cfg.api_keys or ()))
+
+
+def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     backend = cfg.backend or SimulatedEngine()
     router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window)
     store = cfg.store if cfg.store is not None else MemoryResponseStore()
     metrics = cfg.metrics or InMemoryMetrics()
-    authenticator = cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll())
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics
     )
-    service = ResponsesService(router, pipeline, store)
-    api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes)
-    billing = cfg.billing
+    backends = router.backends() if isinstance(router, StaticRouter) else [backend]
+    return Service(
+        core=ResponsesService(router, pipeline, store),
+        authenticator=authenticator,
+        session=cfg.session,
+        metrics=metrics,
+        max_message_bytes=cfg.max_body_bytes,
+        process_cache_bytes=cfg.process_cache_bytes,
+        # Started in this order, closed in reverse: billing outlives the backends and store.
+        resources=Resources([cfg.billing, store, *backends, *cfg.hooks]),
+    )
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        start = getattr(billing, "start", None)
-        if start is not None:
-            await start()
-        try:
-            yield
-        finally:
-            stop = getattr(billing, "stop", None)
-            if stop is not None:
-                await stop()
 
+def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
+    """The reference server: HTTP (JSON and SSE), WebSocket mode, ``GET /v1/models`` and, with
+    :class:`PrometheusMetrics`, ``/metrics``. ``create_app()`` serves the simulated engine;
+    keyword options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``).
+    Without ``api_keys`` or an ``authenticator`` every client is let in (development)."""
+    cfg = _configured(config, options, "create_app")
+    service = _build(cfg, cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll()))
+    return app_for(service)
+
+
+def app_for(service: Service) -> Starlette:
+    """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
+    starts and closes the service."""
+    api = HTTPApi(service.core, service.authenticator, max_body_bytes=service.max_message_bytes)
     routes = api.routes()
+    metrics = service.metrics
     if isinstance(metrics, PrometheusMetrics):
         exposition = metrics
 
@@ -97,16 +135,8 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
             return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)
 
         routes.append(HTTPRoute("/metrics", prometheus, methods=["GET"]))
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.add_middleware(
-        WebSocketMode,  # type: ignore[arg-type]
-        service=service,
-        authenticator=authenticator,
-        config=cfg.session,
-        max_message_bytes=cfg.max_body_bytes,
-        metrics=metrics,
-        process_cache_bytes=cfg.process_cache_bytes,
-    )
+    app = Starlette(routes=routes)
+    app.add_middleware(WebSocketMode, service=service)  # type: ignore[arg-type]
     app.state.service = service
     app.state.metrics = metrics
     return app

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp
-
 from .conversation import EMPTY
 from .ids import new_id
 from .pipeline.pipeline import Pipeline
@@ -78,12 +76,3 @@ class ResponsesService:
             open_calls=open_calls,
             conversation_key=chain[0].response.prompt_cache_key or chain[0].id,
         )
-
-
-def bridge_service(app: ASGIApp) -> ResponsesService:
-    """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``."""
-    from .bridge import AppBackend
-    from .routing import Route, StaticRouter
-
-    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
-    return ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)

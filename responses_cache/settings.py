@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from .runtime import DEFAULT_CONTEXT_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROCESS_CACHE_BYTES
+
 ENV_PREFIX = "RESPONSES_CACHE_"
 
 
@@ -35,9 +37,9 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     billing_webhook: str | None = None
     billing_spill: str | None = None
     lifetime_s: float = 3600.0
-    max_body_bytes: int = 16 * 1024 * 1024
-    process_cache_bytes: int = 4 * 1024**3
-    context_window: int = 131_072
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    process_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
+    context_window: int = DEFAULT_CONTEXT_WINDOW
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)

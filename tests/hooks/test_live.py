@@ -72,7 +72,7 @@ def _gated_server(factory: Any, *, late_flag: str = "incomplete", before: bool =
     from responses_cache import create_app
 
     app = create_app(backend=GatedBackend(gate), renderer=None, hooks=hooks)
-    app.state.service.pipeline.hooks = HookRunner(hooks, late_flag=late_flag)  # type: ignore[arg-type]
+    app.state.service.core.pipeline.hooks = HookRunner(hooks, late_flag=late_flag)  # type: ignore[arg-type]
     return factory(app)
 
 

@@ -35,7 +35,7 @@ def test_tokens_encoded_and_items_validated_do_not_grow_with_history(live_server
     route = Route("default", "sim-1", engine, renderer)
     app = create_app(router=StaticRouter({"sim-1": route}, default=route))
     server = live_server_factory(app)
-    validator = app.state.service.pipeline.validator
+    validator = app.state.service.core.pipeline.validator
     encoded: list[int] = []
     checked: list[int] = []
     cached: list[int] = []

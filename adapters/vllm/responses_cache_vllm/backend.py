@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -91,7 +91,7 @@ class CompletionsBackend:
         body.update(self.extra_body)
         return body
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         body = self.body(request)
         parser = parser_for(request.prompt.renderer.name if request.prompt else "")
         url = self.replica(request.affinity_key).rstrip("/") + "/v1/completions"
