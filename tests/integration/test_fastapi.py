@@ -83,7 +83,7 @@ def host_app(startup: list[str]) -> FastAPI:
     return app
 
 
-async def test_native_mode_in_fastapi_with_its_lifespan(live_server_factory: Callable[..., LiveServer]) -> None:
+async def test_native_mode_in_fastapi_with_its_lifespan(responses_cache_server_factory: Callable[..., LiveServer]) -> None:
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend))
     engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=3, argument_tokens=5, answer_tokens=5)))
@@ -91,7 +91,7 @@ async def test_native_mode_in_fastapi_with_its_lifespan(live_server_factory: Cal
     app = host_app(events)
     service = create_service(backend=engine, api_keys=[KEY], billing=biller)
     app.add_middleware(WebSocketMode, service=service)
-    server = live_server_factory(app)
+    server = responses_cache_server_factory(app)
     assert events == ["host started"] and service.resources.started  # started inside the lifespan
 
     finals = await tool_loop(server, 10, "sim-1")
@@ -164,10 +164,10 @@ def responses_app() -> tuple[FastAPI, list[dict[str, Any]]]:
     return app, received
 
 
-async def test_the_bridge_in_fastapi(live_server_factory: Callable[..., LiveServer]) -> None:
+async def test_the_bridge_in_fastapi(responses_cache_server_factory: Callable[..., LiveServer]) -> None:
     app, received = responses_app()
     app.add_middleware(WebSocketMode)
-    server = live_server_factory(app)
+    server = responses_cache_server_factory(app)
     finals = await tool_loop(server, 10, "host-1")
     assert [f.output[0].type for f in finals] == ["function_call", "function_call", "message"]
     assert finals[-1].output[0].content[0].text == "seen 5 items"

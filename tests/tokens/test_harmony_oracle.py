@@ -30,6 +30,8 @@ from responses_cache.tokens import HarmonyRenderer
 
 from ._strategies import examples, instructions, items_, splits, tool_sets
 
+pytestmark = [pytest.mark.slow]
+
 h = pytest.importorskip("openai_harmony")
 
 

@@ -79,16 +79,16 @@ def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     return dict(event)
 
 
-def _server(live_server_factory: Any, engine: FakeEngine) -> Any:
-    upstream = live_server_factory(engine.app())
+def _server(responses_cache_server_factory: Any, engine: FakeEngine) -> Any:
+    upstream = responses_cache_server_factory(engine.app())
     backend = load_backend("vllm", base_urls=f"http://127.0.0.1:{upstream.port}", model="gpt-oss-20b",
                            served_models=["gpt-oss"])
-    return live_server_factory(create_app(backend=backend, renderer="harmony"))
+    return responses_cache_server_factory(create_app(backend=backend, renderer="harmony"))
 
 
-def test_tool_loop_sends_token_prompts_and_keeps_sampled_ids(live_server_factory: Any) -> None:
+def test_tool_loop_sends_token_prompts_and_keeps_sampled_ids(responses_cache_server_factory: Any) -> None:
     engine = FakeEngine([CALL, ANSWER])
-    server = _server(live_server_factory, engine)
+    server = _server(responses_cache_server_factory, engine)
     renderer = get_renderer("harmony")
     with connect(server.ws_url, max_size=None) as ws:
         first = _turn(ws, input="What is in this directory?", store=False)
@@ -110,17 +110,17 @@ def test_tool_loop_sends_token_prompts_and_keeps_sampled_ids(live_server_factory
     assert second["response"]["usage"]["input_tokens_details"]["cached_tokens"] >= len(one["prompt"])
 
 
-def test_engine_errors_fail_the_response(live_server_factory: Any) -> None:
-    server = _server(live_server_factory, FakeEngine([ANSWER], status=400))
+def test_engine_errors_fail_the_response(responses_cache_server_factory: Any) -> None:
+    server = _server(responses_cache_server_factory, FakeEngine([ANSWER], status=400))
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed"
     assert "HTTP 400" in failed["response"]["error"]["message"] and "prompt too long" in failed["response"]["error"]["message"]
 
 
-def test_client_disconnect_cancels_the_engine_request(live_server_factory: Any) -> None:
+def test_client_disconnect_cancels_the_engine_request(responses_cache_server_factory: Any) -> None:
     engine = FakeEngine([ANSWER], hold=True)
-    server = _server(live_server_factory, engine)
+    server = _server(responses_cache_server_factory, engine)
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.output_text.delta":
