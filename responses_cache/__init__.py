@@ -1,11 +1,16 @@
 """responses-cache: WebSocket mode and connection-scoped state caching for Responses API servers.
 
-Public API::
+The public API is what this module exports (``__all__``); everything else is internal and may
+change. In short::
 
-    from responses_cache import create_app, WebSocketMode, ServerConfig
+    from responses_cache import create_app                       # the reference server
+    from responses_cache import WebSocketMode, create_service    # native mode in your own app
+    app.add_middleware(WebSocketMode, service=create_service(backend=my_backend, api_keys=[...]))
+
+See ``docs/api.md`` for each name with an example.
 """
 
-from .app import ServerConfig, create_app
+from .app import ServerConfig, create_app, create_service
 from .auth import AllowAll, Authenticator, BearerKeys
 from .backends import (
     Backend,
@@ -34,14 +39,13 @@ from .billing import (
     WebhookSink,
 )
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
-from .pipeline import Hook, HookContext, HookRunner, Limits, Pipeline, Verdict
+from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
 from .routing import Route, Router, StaticRouter
-from .service import ResponsesService
-from .session import Session, SessionConfig
-from .state import ResponseState
+from .runtime import Service
+from .session import SessionConfig
 from .store import MemoryResponseStore, ResponseStore, StoredResponse
-from .tokens import get_renderer
+from .tokens import Renderer, get_renderer
 from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
@@ -61,25 +65,22 @@ __all__ = [
     "GenerationRequest",
     "Hook",
     "HookContext",
-    "HookRunner",
     "InMemoryMetrics",
     "JsonlSink",
     "Limits",
     "MemoryResponseStore",
     "Metrics",
-    "Pipeline",
     "PrometheusMetrics",
     "Prompt",
     "ReasoningDelta",
-    "ResponseState",
+    "Renderer",
     "ResponseStore",
     "ResponsesError",
-    "ResponsesService",
     "Route",
     "Router",
     "Scenario",
     "ServerConfig",
-    "Session",
+    "Service",
     "SessionConfig",
     "SimulatedConfig",
     "SimulatedEngine",
@@ -95,6 +96,7 @@ __all__ = [
     "WebhookSink",
     "__version__",
     "create_app",
+    "create_service",
     "get_renderer",
     "load_backend",
 ]

@@ -1,10 +1,10 @@
-"""``create_app``: the reference server (HTTP + SSE + WebSocket mode) in one ASGI app."""
+"""Building a responses-cache: :func:`create_service` (to mount in any ASGI app) and
+:func:`create_app` (the reference server: HTTP, SSE and WebSocket mode in one ASGI app)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,11 +16,18 @@ from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
 from .hot import HotCache
 from .http_api import HTTPApi
+from .lifecycle import Resources
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
 from .routing import Route, Router, StaticRouter
+from .runtime import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PROCESS_CACHE_BYTES,
+    Service,
+)
 from .service import ResponsesService
 from .session import SessionConfig
 from .store import MemoryResponseStore, ResponseStore
@@ -29,7 +36,8 @@ from .websocket import WebSocketMode
 
 @dataclass(slots=True)
 class ServerConfig:
-    """Everything :func:`create_app` takes, with defaults that serve the simulated engine."""
+    """Everything :func:`create_service` and :func:`create_app` take, with defaults that serve
+    the simulated engine."""
 
     backend: Backend | None = None
     router: Router | None = None
@@ -42,17 +50,17 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: The process's cache memory budget: the hot cache and all WebSocket connections' caches
     #: together (least recently used give way). ``None``: per-connection caps only.
-    process_cache_bytes: int | None = 4 * 1024**3
+    process_cache_bytes: int | None = DEFAULT_PROCESS_CACHE_BYTES
     #: The process-wide hot cache's share of that budget (``None``: half of it, or 1 GiB without
     #: a process budget; ``0``: no hot cache). The connection caches get the rest.
     hot_cache_bytes: int | None = None
     #: Close ``store`` when the app shuts down (set by whoever hands over a store it created for
     #: the app, as ``serve`` does; a store the app creates itself is always its own).
     own_store: bool = False
-    context_window: int = 131_072
+    context_window: int = DEFAULT_CONTEXT_WINDOW
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -76,14 +84,33 @@ def split_budget(process_bytes: int | None, hot_bytes: int | None) -> tuple[int,
     return hot_bytes, process_bytes - hot_bytes
 
 
-def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
-    """Build the ASGI app. ``create_app()`` serves the simulated engine with defaults; keyword
-    options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``)."""
+def _configured(config: ServerConfig | None, options: Mapping[str, object], caller: str) -> ServerConfig:
+    """``config`` with ``options`` applied, as a copy: the caller's config is never changed."""
     cfg = config or ServerConfig()
-    for name, value in options.items():
-        if not hasattr(cfg, name):
-            raise TypeError(f"create_app() got an unexpected option {name!r}")
-        setattr(cfg, name, value)
+    unknown = sorted(set(options) - {f.name for f in fields(ServerConfig)})
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected option {unknown[0]!r}")
+    return replace(cfg, **options)  # type: ignore[arg-type]
+
+
+def create_service(config: ServerConfig | None = None, **options: object) -> Service:
+    """Build a :class:`Service` to mount with :class:`WebSocketMode` in any ASGI app, or to serve
+    with :func:`create_app`. Keyword options override :class:`ServerConfig` fields.
+
+    Who may connect must be said explicitly: ``api_keys=[...]``, an ``authenticator=``, or
+    ``authenticator=AllowAll()`` for development. A service does nothing until started: the host
+    app's lifespan starts and closes it (through ``WebSocketMode``), or ``async with service``.
+    """
+    cfg = _configured(config, options, "create_service")
+    if cfg.authenticator is None and not cfg.api_keys:
+        raise ValueError(
+            "create_service() needs api_keys=[...] or an authenticator= (AllowAll() for development): "
+            "a mount without one would let every client in"
+        )
+    return _build(cfg, cfg.authenticator or BearerKeys(cfg.api_keys or ()))
+
+
+def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     backend = cfg.backend or SimulatedEngine()
     router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window)
     store = cfg.store if cfg.store is not None else MemoryResponseStore()
@@ -91,34 +118,39 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
     hot_bytes, connection_bytes = split_budget(cfg.process_cache_bytes, cfg.hot_cache_bytes)
     hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
     metrics = cfg.metrics or InMemoryMetrics()
-    authenticator = cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll())
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics
     )
-    service = ResponsesService(router, pipeline, store, hot=hot)
-    api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes)
-    billing = cfg.billing
+    backends = router.backends() if isinstance(router, StaticRouter) else [backend]
+    return Service(
+        core=ResponsesService(router, pipeline, store, hot=hot),
+        authenticator=authenticator,
+        session=cfg.session,
+        metrics=metrics,
+        max_message_bytes=cfg.max_body_bytes,
+        process_cache_bytes=connection_bytes,
+        # Started in this order, closed in reverse: billing outlives the backends and the store.
+        # A backend's start (an engine adapter's tokenizer handshake) may refuse the start-up.
+        resources=Resources([cfg.billing, store if owns_store else None, *backends, *cfg.hooks]),
+    )
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # A backend with a start-up check (an engine adapter's tokenizer handshake) runs it
-        # first, so a misconfigured server refuses to start instead of serving garbage.
-        start_backend = getattr(backend, "start", None)
-        if start_backend is not None:
-            await start_backend()
-        start = getattr(billing, "start", None)
-        if start is not None:
-            await start()
-        try:
-            yield
-        finally:
-            stop = getattr(billing, "stop", None)
-            if stop is not None:
-                await stop()
-            if owns_store:
-                await store.aclose()
 
+def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
+    """The reference server: HTTP (JSON and SSE), WebSocket mode, ``GET /v1/models`` and, with
+    :class:`PrometheusMetrics`, ``/metrics``. ``create_app()`` serves the simulated engine;
+    keyword options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``).
+    Without ``api_keys`` or an ``authenticator`` every client is let in (development)."""
+    cfg = _configured(config, options, "create_app")
+    service = _build(cfg, cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll()))
+    return app_for(service)
+
+
+def app_for(service: Service) -> Starlette:
+    """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
+    starts and closes the service."""
+    api = HTTPApi(service.core, service.authenticator, max_body_bytes=service.max_message_bytes)
     routes = api.routes()
+    metrics = service.metrics
     if isinstance(metrics, PrometheusMetrics):
         exposition = metrics
 
@@ -126,16 +158,8 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
             return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)
 
         routes.append(HTTPRoute("/metrics", prometheus, methods=["GET"]))
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.add_middleware(
-        WebSocketMode,  # type: ignore[arg-type]
-        service=service,
-        authenticator=authenticator,
-        config=cfg.session,
-        max_message_bytes=cfg.max_body_bytes,
-        metrics=metrics,
-        process_cache_bytes=connection_bytes,
-    )
+    app = Starlette(routes=routes)
+    app.add_middleware(WebSocketMode, service=service)  # type: ignore[arg-type]
     app.state.service = service
     app.state.metrics = metrics
     return app

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -44,6 +44,7 @@ from .backends.base import (
     ToolCallStart,
 )
 from .protocol.codec import encode
+from .runtime import Service
 
 _FORWARDED = ("authorization",)
 
@@ -147,7 +148,7 @@ class AppBackend:
             body["metadata"] = request.metadata
         return encode(body)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
         headers.update({k: v for k, v in request.headers.items() if k in _FORWARDED})
         exchange = _Exchange(self.app, "POST", self.path, headers, self._body(request))
@@ -246,3 +247,22 @@ class AppAuthenticator:
             return None
         credential = forwarded.get("authorization", "")
         return "bridge-" + hashlib.sha256(credential.encode()).hexdigest()[:12] if credential else "default"
+
+
+def bridge_service(app: ASGIApp) -> Service:
+    """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``; upgrades
+    are authorized by ``app`` (:class:`AppAuthenticator`)."""
+    from .metrics import NullMetrics
+    from .pipeline.pipeline import Pipeline
+    from .routing import Route, StaticRouter
+    from .service import ResponsesService
+    from .session import SessionConfig
+
+    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
+    core = ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)
+    return Service(
+        core=core,
+        authenticator=AppAuthenticator(app),
+        session=SessionConfig(),
+        metrics=NullMetrics(),
+    )

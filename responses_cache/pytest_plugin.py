@@ -7,9 +7,9 @@ or with ``pytest -p responses_cache.pytest_plugin``:
   simulated engine;
 * ``scripted_backend``: a factory, ``scripted_backend([[TextDelta("hi"), Finish()], ...])``;
 * ``hook_checker``: a :class:`HookChecker` with ``check``/``assert_equivalent``/``run``;
-* ``live_server_factory``: ``live_server_factory(app)`` or ``live_server_factory(**create_app
+* ``responses_cache_server_factory``: ``responses_cache_server_factory(app)`` or ``responses_cache_server_factory(**create_app
   options)`` runs a server on a free loopback port for the test (instant simulated engine by
-  default) and stops it afterwards; ``live_server`` is one with the defaults.
+  default) and stops it afterwards; ``responses_cache_server`` is one with the defaults.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def hook_checker() -> HookChecker:
 
 
 @pytest.fixture
-def live_server_factory() -> Iterator[Callable[..., LiveServer]]:
-    """``live_server_factory(app)`` or ``live_server_factory(**create_app_options)``: a running
+def responses_cache_server_factory() -> Iterator[Callable[..., LiveServer]]:
+    """``responses_cache_server_factory(app)`` or ``responses_cache_server_factory(**create_app_options)``: a running
     server, stopped at teardown. The default engine is the instant simulated engine."""
     from .app import create_app
     from .backends.simulated import SimulatedConfig, SimulatedEngine
@@ -104,5 +104,5 @@ def live_server_factory() -> Iterator[Callable[..., LiveServer]]:
 
 
 @pytest.fixture
-def live_server(live_server_factory: Callable[..., LiveServer]) -> LiveServer:
-    return live_server_factory()
+def responses_cache_server(responses_cache_server_factory: Callable[..., LiveServer]) -> LiveServer:
+    return responses_cache_server_factory()

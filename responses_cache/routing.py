@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from .tokens.base import Renderer
 
 
+#: The context window a route has unless configured.
+DEFAULT_CONTEXT_WINDOW = 131_072
+
+
 @dataclass(frozen=True, slots=True)
 class Pricing:
     """Prices per million tokens (for usage records; informational)."""
@@ -35,7 +39,7 @@ class Route:
     model: str
     backend: Backend
     renderer: Renderer | None
-    context_window: int = 131_072
+    context_window: int = DEFAULT_CONTEXT_WINDOW
     replicas: int = 1
     pricing: Pricing = field(default_factory=Pricing)
 
@@ -81,6 +85,11 @@ class StaticRouter:
 
     def models(self) -> Sequence[str]:
         return list(self._routes) or ([self._default.model] if self._default else [])
+
+    def backends(self) -> list[Backend]:
+        """The distinct backends of every route (what a service starts and closes)."""
+        routes = [*self._routes.values(), *([self._default] if self._default else [])]
+        return list({id(r.backend): r.backend for r in routes}.values())
 
     def set_route(self, model: str, route: Route) -> None:
         self._routes[model] = route

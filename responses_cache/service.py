@@ -16,15 +16,13 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-import msgspec
-from starlette.types import ASGIApp
-
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
 from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
 from .pipeline.turn import Transport, Turn
+from .protocol.codec import encode
 from .protocol.errors import invalid_request
 from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
@@ -161,15 +159,6 @@ class ResponsesService:
             route=None,
             open_calls=open_calls,
             conversation_key=chain[0].response.prompt_cache_key or chain[0].id,
-            total_bytes=sum(len(msgspec.json.encode(i)) for s in chain for i in (*s.input_items, *s.response.output)),
+            total_bytes=sum(len(encode(i)) for s in chain for i in (*s.input_items, *s.response.output)),
         )
         return state, ("snapshot" if log is not None else "store")
-
-
-def bridge_service(app: ASGIApp) -> ResponsesService:
-    """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``."""
-    from .bridge import AppBackend
-    from .routing import Route, StaticRouter
-
-    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
-    return ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)

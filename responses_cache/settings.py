@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .runtime import DEFAULT_CONTEXT_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROCESS_CACHE_BYTES
+
 ENV_PREFIX = "RESPONSES_CACHE_"
 
 
@@ -46,8 +48,8 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: without a journal, undelivered records held in memory before a warning is logged.
     billing_queue_size: int = 10_000
     lifetime_s: float = 3600.0
-    max_body_bytes: int = 16 * 1024 * 1024
-    process_cache_bytes: int = 4 * 1024**3
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    process_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     #: The process-wide hot cache's share of ``process_cache_bytes`` (default half; 0: none).
     hot_cache_bytes: int | None = None
     #: Where ``store: true`` responses go: ``memory`` (this process only) or
@@ -57,7 +59,7 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     store_ttl_s: float = 30 * 24 * 3600.0
     #: Keep token-log snapshots in the store, so another process appends instead of re-rendering.
     store_snapshots: bool = True
-    context_window: int = 131_072
+    context_window: int = DEFAULT_CONTEXT_WINDOW
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)

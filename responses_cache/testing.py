@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError
 from .protocol.items import Item
+from .runtime import DEFAULT_MAX_MESSAGE_BYTES, Service
 from .state import ResponseState
 from .tokens.key import render_key
 
@@ -52,7 +53,7 @@ class RecordingBackend:
     def models(self) -> Sequence[str]:
         return self.inner.models()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         self.requests.append(request)
         async for event in self.inner.generate(request):
             yield event
@@ -75,7 +76,7 @@ class ScriptedBackend:
     def models(self) -> Sequence[str]:
         return self._models
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         script = self.scripts[min(self.calls, len(self.scripts) - 1)]
         self.calls += 1
         for event in script:
@@ -155,7 +156,7 @@ async def run_turns(
     """Run ``turns`` through a pipeline, each continuing the last accepted one, without sockets.
 
     ``target``: an app from :func:`~responses_cache.create_app`, a
-    :class:`~responses_cache.service.ResponsesService` or a bare
+    :class:`~responses_cache.Service` or a bare
     :class:`~responses_cache.pipeline.pipeline.Pipeline` (served by ``backend``, an instant
     simulated engine by default). A turn is a string (one user message), a list of items (or of
     item dicts), or a whole request body. A turn rejected before generation (a ``before`` hook's
@@ -168,6 +169,8 @@ async def run_turns(
     from .routing import Route
 
     service = getattr(getattr(target, "state", None), "service", None) or target
+    if isinstance(service, Service):
+        service = service.core
     if isinstance(service, Pipeline):
         pipeline = service
         engine = backend or SimulatedEngine(SimulatedConfig(instant=True))
@@ -343,7 +346,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> LiveSer
         with socket.socket() as probe:
             probe.bind((host, 0))
             port = int(probe.getsockname()[1])
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=16 * 1024 * 1024, lifespan="on")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=DEFAULT_MAX_MESSAGE_BYTES, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

@@ -21,12 +21,11 @@ import time
 from collections.abc import Sequence
 
 from starlette.responses import Response as HTTPResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .auth import AllowAll, Authenticator
 from .budget import CacheBudget
-from .metrics import Metrics, NullMetrics
+from .metrics import Metrics
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import (
@@ -36,7 +35,7 @@ from .protocol.errors import (
     server_error,
 )
 from .routing import RouteCache
-from .service import ResponsesService, bridge_service
+from .runtime import Service
 from .session import PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
@@ -45,49 +44,62 @@ _CLOSE = b""  # outbound marker: close the socket (encoded events are never empt
 
 
 class WebSocketMode:
-    """ASGI middleware: ``WebSocketMode(app, service=..., paths=("/v1/responses",))``.
+    """ASGI middleware: WebSocket mode on ``paths`` of the app it wraps.
 
-    With a ``service`` (what :func:`~responses_cache.create_app` passes) turns run through this
-    package's pipeline. Without one, each turn is bridged to ``app``'s own ``POST /v1/responses``
-    (see :mod:`responses_cache.bridge`), and upgrades are authorized by ``app`` itself.
+    Native mode, in any Starlette/FastAPI app::
+
+        app.add_middleware(WebSocketMode, service=create_service(backend=..., api_keys=[...]))
+
+    turns run through this package's pipeline with the service's backend, and the app's lifespan
+    starts and closes the service (its first connection starts it if the server runs no lifespan).
+
+    The bridge, ``app.add_middleware(WebSocketMode)`` (no service): each turn is forwarded
+    in-process to the app's own ``POST /v1/responses`` with the whole conversation (see
+    :mod:`responses_cache.bridge`); upgrades are authorized by the app itself.
     """
 
     def __init__(
         self,
         app: ASGIApp,
+        service: Service | None = None,
         *,
-        service: ResponsesService | None = None,
         paths: Sequence[str] = ("/v1/responses",),
-        authenticator: Authenticator | None = None,
-        config: SessionConfig | None = None,
-        max_message_bytes: int = 16 * 1024 * 1024,
         outbound_queue: int = 1024,
-        metrics: Metrics | None = None,
-        process_cache_bytes: int | None = 4 * 1024**3,
     ) -> None:
         self.app = app
         if service is None:
-            from .bridge import AppAuthenticator
+            from .bridge import bridge_service
 
             service = bridge_service(app)
-            authenticator = authenticator or AppAuthenticator(app)
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
-        self.authenticator = authenticator or AllowAll()
-        self.config = config or SessionConfig()
-        self.max_message_bytes = max_message_bytes
         self.outbound_queue = outbound_queue
-        self.metrics = metrics or NullMetrics()
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
-        self.budget = CacheBudget(process_cache_bytes) if process_cache_bytes else None
+        self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
         self.connections = 0
 
+    @property
+    def config(self) -> SessionConfig:
+        return self.service.session
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.service.metrics
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.service.max_message_bytes
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
         if scope["type"] != "websocket" or self._path(scope) not in self.paths:
             await self.app(scope, receive, send)
             return
+        await self.service.start()  # no-op once the lifespan has started it
         websocket = WebSocket(scope, receive, send)
-        tenant = await self.authenticator.authenticate(websocket.headers)
+        tenant = await self.service.authenticator.authenticate(websocket.headers)
         if tenant is None:
             body = HTTPErrorBody(
                 ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key").payload
@@ -104,6 +116,27 @@ class WebSocketMode:
         finally:
             self.connections -= 1
 
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app's lifespan with the service inside it: started after the app's own
+        startup (its resources are ready), closed before the app's shutdown runs."""
+
+        async def receive_around() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await self.service.aclose()
+            return message
+
+        async def send_around(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    await self.service.start()
+                except Exception as exc:
+                    logger.exception("starting the responses-cache service failed")
+                    message = {"type": "lifespan.startup.failed", "message": f"responses-cache: {exc!r}"}
+            await send(message)
+
+        await self.app(scope, receive_around, send_around)
+
     @staticmethod
     def _path(scope: Scope) -> str:
         path: str = scope["path"]
@@ -118,7 +151,7 @@ class _Connection:
         self.mode = mode
         self.ws = websocket
         self._asgi_send = send
-        self.service = mode.service
+        self.service = mode.service.core
         self.session = Session(tenant, mode.config, now=time.monotonic())
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}

@@ -16,7 +16,7 @@ Response objects or wire events itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -145,9 +145,19 @@ class BackendError(Exception):
 
 @runtime_checkable
 class Backend(Protocol):
-    """An inference engine. ``generate`` is an async generator; cancelling it must stop the engine."""
+    """An inference engine.
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]: ...
+    ``generate`` is an async generator (``async def`` with ``yield``): the pipeline iterates it and
+    closes it (``aclose()``) when the client goes away or a safety hook stops the response, so its
+    ``finally`` must stop the engine's work (close the HTTP stream, abort the request).
+
+    Lifecycle: a backend that holds connections or tasks also defines ``async def start()`` (called
+    once before the first request) and/or ``async def aclose()`` (called once at shutdown), like an
+    httpx client. The :class:`~responses_cache.Service` that owns the backend calls them inside the
+    host app's lifespan; a backend without them needs nothing.
+    """
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]: ...
 
     def models(self) -> Sequence[str]:
         """Model names this backend serves (for ``GET /v1/models``)."""

@@ -33,7 +33,7 @@ import json
 import re
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -102,7 +102,7 @@ class SimulatedEngine:
     def models(self) -> Sequence[str]:
         return self.config.model_names
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         self.requests += 1
         cfg = self.config
         prompt_tokens, cached = self._prefill_accounting(request)

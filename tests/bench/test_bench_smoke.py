@@ -13,6 +13,8 @@ from responses_cache import cli
 from responses_cache.bench import SCENARIOS
 from responses_cache.bench.stats import bucket_of, percentile
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
 TINY = [
     "--no-progress",
     "--target-tokens", "3000", "--tokens-per-turn", "1000", "--repeats", "1",

@@ -15,7 +15,7 @@ from responses_cache.billing import Biller, decode_record
 
 from .conftest import MemorySink, ids, journal_ids
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+pytestmark = [pytest.mark.subprocess, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
@@ -37,7 +37,7 @@ class GatedBackend:
     def models(self) -> Sequence[str]:
         return ["gated-1"]
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         yield TextDelta(self.first)
         await asyncio.wait_for(self.gate.event(request.response_id).wait(), 5)
         for text in self.rest:

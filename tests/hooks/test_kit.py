@@ -63,11 +63,11 @@ async def test_hook_checker_fixture(hook_checker: Any) -> None:
     assert results[0].types[-1] == "response.completed"
 
 
-def test_http_hydration_gives_hooks_the_full_history(live_server_factory: Any) -> None:
+def test_http_hydration_gives_hooks_the_full_history(responses_cache_server_factory: Any) -> None:
     """HTTP continuations hydrate from the store, so no hook state is carried: the runner passes
     the stored history, and a conversation-wide threshold still counts earlier turns."""
     hook = PatternPolicy(keywords=["forbidden"], threshold=2)
-    server = live_server_factory(hooks=[hook])
+    server = responses_cache_server_factory(hooks=[hook])
     url = f"{server.http_url}/responses"
     r1 = httpx.post(url, json={"model": "sim-1", "input": "forbidden once"}, timeout=10)
     assert r1.status_code == 200

@@ -72,12 +72,12 @@ def _gated_server(factory: Any, *, late_flag: str = "incomplete", before: bool =
     from responses_cache import create_app
 
     app = create_app(backend=GatedBackend(gate), renderer=None, hooks=hooks)
-    app.state.service.pipeline.hooks = HookRunner(hooks, late_flag=late_flag)  # type: ignore[arg-type]
+    app.state.service.core.pipeline.hooks = HookRunner(hooks, late_flag=late_flag)  # type: ignore[arg-type]
     return factory(app)
 
 
-def test_http_before_flag_is_a_400_envelope(live_server_factory: Any) -> None:
-    server = live_server_factory(hooks=[SecretDetector()])
+def test_http_before_flag_is_a_400_envelope(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(hooks=[SecretDetector()])
     r = httpx.post(
         f"{server.http_url}/responses",
         json={"model": "sim-1", "input": f"my key {KEY}"},
@@ -106,9 +106,9 @@ def test_http_before_flag_is_a_400_envelope(live_server_factory: Any) -> None:
 
 
 def test_http_redaction_reaches_the_stored_input(
-    live_server_factory: Any, recording_backend: Any
+    responses_cache_server_factory: Any, recording_backend: Any
 ) -> None:
-    server = live_server_factory(hooks=[SecretDetector("redact")], backend=recording_backend)
+    server = responses_cache_server_factory(hooks=[SecretDetector("redact")], backend=recording_backend)
     r = httpx.post(
         f"{server.http_url}/responses",
         json={"model": recording_backend.models()[0], "input": f"use {KEY}"},
@@ -120,8 +120,8 @@ def test_http_redaction_reaches_the_stored_input(
     assert texts[0] == "use [REDACTED:github_token]"
 
 
-async def test_ws_before_flag_is_an_error_event(live_server_factory: Any) -> None:
-    server = live_server_factory(hooks=[SecretDetector()])
+async def test_ws_before_flag_is_an_error_event(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(hooks=[SecretDetector()])
     async with connect(server.ws_url) as ws:
         ok = await _ws_turn(ws, {"model": "sim-1", "input": "hello"})
         assert ok[-1]["type"] == "response.completed"
@@ -156,8 +156,8 @@ def _assert_stopped(events: list[dict[str, Any]], terminal: str) -> dict[str, An
     return response
 
 
-def test_http_late_flag_ends_incomplete_content_filter(live_server_factory: Any) -> None:
-    server = _gated_server(live_server_factory)
+def test_http_late_flag_ends_incomplete_content_filter(responses_cache_server_factory: Any) -> None:
+    server = _gated_server(responses_cache_server_factory)
     assert [e["type"] for e in _sse(server, {"model": "gated-1", "input": "fine"})] == COMPLETED
     response = _assert_stopped(
         _sse(server, {"model": "gated-1", "input": "this is forbidden"}), "response.incomplete"
@@ -166,8 +166,8 @@ def test_http_late_flag_ends_incomplete_content_filter(live_server_factory: Any)
     assert response["error"] is None
 
 
-def test_http_late_flag_failed_policy(live_server_factory: Any) -> None:
-    server = _gated_server(live_server_factory, late_flag="failed")
+def test_http_late_flag_failed_policy(responses_cache_server_factory: Any) -> None:
+    server = _gated_server(responses_cache_server_factory, late_flag="failed")
     response = _assert_stopped(
         _sse(server, {"model": "gated-1", "input": "forbidden"}), "response.failed"
     )
@@ -179,8 +179,8 @@ def test_http_late_flag_failed_policy(live_server_factory: Any) -> None:
 
 
 @pytest.mark.parametrize("late_flag", ["incomplete", "failed"])
-async def test_ws_late_flag(live_server_factory: Any, late_flag: str) -> None:
-    server = _gated_server(live_server_factory, late_flag=late_flag, before=True)
+async def test_ws_late_flag(responses_cache_server_factory: Any, late_flag: str) -> None:
+    server = _gated_server(responses_cache_server_factory, late_flag=late_flag, before=True)
     async with connect(server.ws_url) as ws:
         first = await _ws_turn(ws, {"model": "gated-1", "input": "fine"})
         assert [e["type"] for e in first] == COMPLETED

@@ -71,9 +71,9 @@ async def keep() -> AsyncIterator[Callable[[ModerationHook], ModerationHook]]:
 
 
 @pytest.fixture
-def moderation(live_server_factory: Any) -> Iterator[tuple[ModerationService, str]]:
+def moderation(responses_cache_server_factory: Any) -> Iterator[tuple[ModerationService, str]]:
     service = ModerationService()
-    server = live_server_factory(service.app())
+    server = responses_cache_server_factory(service.app())
     yield service, f"http://{server.host}:{server.port}"
 
 

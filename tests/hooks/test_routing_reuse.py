@@ -28,11 +28,11 @@ def _route(backend: Any, replicas: int = 1) -> Route:
 
 
 async def test_resolve_once_per_connection_and_again_after_set_route(
-    live_server_factory: Any,
+    responses_cache_server_factory: Any,
 ) -> None:
     first, second = RecordingBackend(), RecordingBackend()
     router = StaticRouter({"sim-1": _route(first, replicas=8)})
-    server = live_server_factory(
+    server = responses_cache_server_factory(
         router=router, backend=SimulatedEngine(SimulatedConfig(instant=True)), renderer=None
     )
     async with connect(server.ws_url) as ws:

@@ -33,9 +33,9 @@ def _client(server: Any, **kw: Any) -> OpenAI:
     return OpenAI(base_url=server.http_url, api_key="sk-test", max_retries=0, **kw)
 
 
-def test_sdk_tool_loop_over_sse_strict(live_server_factory: Any) -> None:
+def test_sdk_tool_loop_over_sse_strict(responses_cache_server_factory: Any) -> None:
     """A multi-turn tool loop over SSE with strict validation, chained by previous_response_id."""
-    server = live_server_factory()
+    server = responses_cache_server_factory()
     client = _client(server, _strict_response_validation=True)
     previous: str | None = None
     pending: Any = "Please run `echo hi` for me."
@@ -63,8 +63,8 @@ def test_sdk_tool_loop_over_sse_strict(live_server_factory: Any) -> None:
     assert seen_call
 
 
-def test_sdk_stream_helper_checks_event_order(live_server_factory: Any) -> None:
-    server = live_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=2))))
+def test_sdk_stream_helper_checks_event_order(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=2))))
     client = _client(server, _strict_response_validation=True)
     previous = None
     items: Any = "start"
@@ -82,8 +82,8 @@ def test_sdk_stream_helper_checks_event_order(live_server_factory: Any) -> None:
             assert not calls and final.output_text
 
 
-def test_sdk_non_streaming_json_and_retrieve_delete(live_server_factory: Any) -> None:
-    server = live_server_factory()
+def test_sdk_non_streaming_json_and_retrieve_delete(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory()
     client = _client(server, _strict_response_validation=True)
     first = client.responses.create(model="sim-1", input="Remember the word: kiwi.")
     second = client.responses.create(model="sim-1", input="What was it?", previous_response_id=first.id)
@@ -98,8 +98,8 @@ def test_sdk_non_streaming_json_and_retrieve_delete(live_server_factory: Any) ->
     assert [m.id for m in models.data] == ["sim-1"]
 
 
-def test_store_false_is_not_retrievable(live_server_factory: Any) -> None:
-    server = live_server_factory()
+def test_store_false_is_not_retrievable(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory()
     client = _client(server)
     response = client.responses.create(model="sim-1", input="hi", store=False)
     with pytest.raises(openai.NotFoundError):
@@ -110,10 +110,10 @@ def test_store_false_is_not_retrievable(live_server_factory: Any) -> None:
 
 
 @pytest.mark.parametrize("renderer", ["harmony", None])
-def test_chain_gives_backend_same_context_as_full_request(live_server_factory: Any, renderer: str | None) -> None:
+def test_chain_gives_backend_same_context_as_full_request(responses_cache_server_factory: Any, renderer: str | None) -> None:
     """Turn N of a previous_response_id chain == one request with the whole conversation."""
     recorder = RecordingBackend()
-    server = live_server_factory(backend=recorder, renderer=renderer)
+    server = responses_cache_server_factory(backend=recorder, renderer=renderer)
     client = _client(server)
     history: list[Any] = []
     previous = None
@@ -153,8 +153,8 @@ def _assert_error(r: httpx.Response, status: int, code: str | None, param: str |
     assert error["type"] == "invalid_request_error"
 
 
-def test_bad_inputs_get_the_openai_envelope(live_server_factory: Any) -> None:
-    server = live_server_factory(max_body_bytes=4096)
+def test_bad_inputs_get_the_openai_envelope(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(max_body_bytes=4096)
     _assert_error(_post(server, b"{not json"), 400, "invalid_json", None)
     _assert_error(_post(server, {"model": "sim-1", "temperature": "hot"}), 400, "invalid_type", "temperature")
     _assert_error(_post(server, {"model": 5}), 400, "invalid_type", "model")
@@ -190,35 +190,35 @@ def test_bad_inputs_get_the_openai_envelope(live_server_factory: Any) -> None:
     _assert_error(_post(server, {"model": "sim-1", "input": "x", "stream_id": "a"}), 400, "unsupported_parameter", "stream_id")
 
 
-def test_streaming_error_before_created_is_plain_json(live_server: Any) -> None:
-    r = _post(live_server, {"model": "sim-1", "input": "x", "stream": True, "previous_response_id": "resp_x"})
+def test_streaming_error_before_created_is_plain_json(responses_cache_server: Any) -> None:
+    r = _post(responses_cache_server, {"model": "sim-1", "input": "x", "stream": True, "previous_response_id": "resp_x"})
     _assert_error(r, 400, "previous_response_not_found", "previous_response_id")
 
 
-def test_api_key_required_when_configured(live_server_factory: Any) -> None:
-    server = live_server_factory(api_keys=["sk-good"])
+def test_api_key_required_when_configured(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(api_keys=["sk-good"])
     r = _post(server, {"model": "sim-1", "input": "x"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     ok = OpenAI(base_url=server.http_url, api_key="sk-good").responses.create(model="sim-1", input="x")
     assert ok.status == "completed"
 
 
-def test_item_size_and_count_limits(live_server_factory: Any) -> None:
+def test_item_size_and_count_limits(responses_cache_server_factory: Any) -> None:
     from responses_cache import Limits
 
-    server = live_server_factory(limits=Limits(max_items_per_turn=2, max_item_bytes=64))
+    server = responses_cache_server_factory(limits=Limits(max_items_per_turn=2, max_item_bytes=64))
     _assert_error(_post(server, {"model": "sim-1", "input": "é" * 40}), 400, "string_above_max_length", "input[0]")
     three = [{"role": "user", "content": "a"}] * 3
     _assert_error(_post(server, {"model": "sim-1", "input": three}), 400, "too_many_items", "input")
     assert _post(server, {"model": "sim-1", "input": "x" * 64}).status_code == 200
 
 
-def test_media_parts_reach_backends_that_take_them(live_server_factory: Any) -> None:
+def test_media_parts_reach_backends_that_take_them(responses_cache_server_factory: Any) -> None:
     from responses_cache.protocol.items import InputImage, Message
 
     image = {"role": "user", "content": [{"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": "data:,x"}]}
     recorder = RecordingBackend()
-    server = live_server_factory(backend=recorder, renderer=None)  # a message-based engine: no tokenizer
+    server = responses_cache_server_factory(backend=recorder, renderer=None)  # a message-based engine: no tokenizer
     assert _post(server, {"model": "sim-1", "input": [image]}).status_code == 200
     (message,) = recorder.requests[-1].conversation.items()
     assert isinstance(message, Message) and isinstance(message.content, list)
@@ -229,11 +229,11 @@ def test_media_parts_reach_backends_that_take_them(live_server_factory: Any) -> 
     _assert_error(r, 400, "unsupported_value", "input[0].content")
 
 
-def test_stored_responses_are_scoped_by_tenant(live_server_factory: Any) -> None:
+def test_stored_responses_are_scoped_by_tenant(responses_cache_server_factory: Any) -> None:
     """Invariant 4: nothing crosses tenants — not over HTTP, not by hydration over WebSocket."""
     from websockets.sync.client import connect
 
-    server = live_server_factory(api_keys={"sk-alice": "alice", "sk-bob": "bob"})
+    server = responses_cache_server_factory(api_keys={"sk-alice": "alice", "sk-bob": "bob"})
     alice = OpenAI(base_url=server.http_url, api_key="sk-alice", max_retries=0)
     bob = OpenAI(base_url=server.http_url, api_key="sk-bob", max_retries=0)
     first = alice.responses.create(model="sim-1", input="Alice's secret plan.")

@@ -25,12 +25,12 @@ def _entries(path: Path) -> list[Any]:
 
 
 @pytest.mark.parametrize("durability", ["process", "machine"])
-def test_journal_entries_precede_the_events(live_server_factory: Any, tmp_path: Path, durability: str) -> None:
+def test_journal_entries_precede_the_events(responses_cache_server_factory: Any, tmp_path: Path, durability: str) -> None:
     journal_path = tmp_path / "billing.journal"
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), journal_path=journal_path, durability=durability)  # type: ignore[arg-type]
     engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=20_000, answer_tokens=1200))
-    server = live_server_factory(backend=engine, billing=biller)
+    server = responses_cache_server_factory(backend=engine, billing=biller)
     journal = biller.journal
     assert journal is not None
     with connect(server.ws_url, max_size=None) as ws:
@@ -61,10 +61,10 @@ def test_journal_entries_precede_the_events(live_server_factory: Any, tmp_path: 
                 break
 
 
-def test_a_turn_without_a_journal_still_bills(live_server_factory: Any) -> None:
+def test_a_turn_without_a_journal_still_bills(responses_cache_server_factory: Any) -> None:
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), flush_interval=0.001)
-    server = live_server_factory(billing=biller)
+    server = responses_cache_server_factory(billing=biller)
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.completed":

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.sync.client import connect
 
 from responses_cache import Biller, CallableSink, SimulatedConfig, SimulatedEngine, UsageRecord
@@ -44,10 +45,10 @@ def _recv_until(ws: Any, *types: str) -> dict[str, Any]:
             return dict(event)
 
 
-def test_completed_reaches_client_before_slow_sink_records(live_server_factory: Any) -> None:
+def test_completed_reaches_client_before_slow_sink_records(responses_cache_server_factory: Any) -> None:
     sink = GatedSink()
     biller = Biller(sink, flush_interval=0.001)
-    server = live_server_factory(billing=biller)
+    server = responses_cache_server_factory(billing=biller)
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "hi"}))
         first = _recv_until(ws, "response.completed")
@@ -70,11 +71,11 @@ def test_completed_reaches_client_before_slow_sink_records(live_server_factory: 
     assert record.previous_response_id == first["response"]["id"]
 
 
-def test_disconnect_mid_stream_bills_partial_usage(live_server_factory: Any) -> None:
+def test_disconnect_mid_stream_bills_partial_usage(responses_cache_server_factory: Any) -> None:
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), flush_interval=0.001)
     engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
-    server = live_server_factory(backend=engine, billing=biller)
+    server = responses_cache_server_factory(backend=engine, billing=biller)
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "write a lot"}))
         created = _recv_until(ws, "response.created")
@@ -96,6 +97,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.subprocess
 def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
     port = _free_port()
     ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
@@ -156,13 +158,13 @@ def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
     assert seen <= set(billed), f"{len(seen - set(billed))} responses were not billed"
 
 
-def test_http_stream_disconnect_cancels_generation_and_bills_partial_usage(live_server_factory: Any) -> None:
+def test_http_stream_disconnect_cancels_generation_and_bills_partial_usage(responses_cache_server_factory: Any) -> None:
     import httpx
 
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), flush_interval=0.001)
     engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
-    server = live_server_factory(backend=engine, billing=biller)
+    server = responses_cache_server_factory(backend=engine, billing=biller)
     body = {"model": "sim-1", "input": "write a lot", "stream": True}
     with httpx.stream("POST", f"{server.http_url}/responses", json=body) as response:
         deltas = 0

@@ -70,9 +70,9 @@ def _turn(ws: Any, **body: Any) -> dict[str, Any]:
             return dict(event)
 
 
-def test_bridged_continuations_reach_the_app_with_full_context(live_server_factory: Any) -> None:
+def test_bridged_continuations_reach_the_app_with_full_context(responses_cache_server_factory: Any) -> None:
     inner, received = foreign_app()
-    server = live_server_factory(WebSocketMode(inner))
+    server = responses_cache_server_factory(WebSocketMode(inner))
     headers = {"Authorization": f"Bearer {KEY}"}
     with connect(server.ws_url, additional_headers=headers, max_size=None) as ws:
         first = _turn(ws, input="hello", store=False, instructions="be kind")
@@ -87,9 +87,9 @@ def test_bridged_continuations_reach_the_app_with_full_context(live_server_facto
     assert received[1]["instructions"] == "be kind"
 
 
-def test_unknown_stored_parent_is_delegated_to_the_app(live_server_factory: Any) -> None:
+def test_unknown_stored_parent_is_delegated_to_the_app(responses_cache_server_factory: Any) -> None:
     inner, received = foreign_app()
-    server = live_server_factory(WebSocketMode(inner))
+    server = responses_cache_server_factory(WebSocketMode(inner))
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         done = _turn(ws, input="more", store=True, previous_response_id="resp_from_http")
         assert done["type"] == "response.completed"
@@ -98,9 +98,9 @@ def test_unknown_stored_parent_is_delegated_to_the_app(live_server_factory: Any)
     assert received[0]["previous_response_id"] == "resp_from_http" and len(received[0]["input"]) == 1
 
 
-def test_upgrade_is_authorized_by_the_app_and_http_passes_through(live_server_factory: Any) -> None:
+def test_upgrade_is_authorized_by_the_app_and_http_passes_through(responses_cache_server_factory: Any) -> None:
     inner, received = foreign_app()
-    server = live_server_factory(WebSocketMode(inner))
+    server = responses_cache_server_factory(WebSocketMode(inner))
     with pytest.raises(InvalidStatus) as err:
         connect(server.ws_url, additional_headers={"Authorization": "Bearer wrong"})
     assert err.value.response.status_code == 401
@@ -112,11 +112,11 @@ def test_upgrade_is_authorized_by_the_app_and_http_passes_through(live_server_fa
 WEB_SEARCH = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "weather", "sources": None}, "extra": [1, 2.50, "é"]}
 
 
-def test_hosted_items_and_unknown_references_reach_the_app_as_sent(live_server_factory: Any) -> None:
+def test_hosted_items_and_unknown_references_reach_the_app_as_sent(responses_cache_server_factory: Any) -> None:
     """The bridged app may run hosted tools and keeps its own store: hosted-tool items go to it
     byte for byte, and a reference the connection cannot resolve goes to it unresolved."""
     inner, received = foreign_app()
-    server = live_server_factory(WebSocketMode(inner))
+    server = responses_cache_server_factory(WebSocketMode(inner))
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, max_size=None) as ws:
         raw = '{"type":"response.create","model":"foreign-1","store":false,"input":[' + json.dumps(WEB_SEARCH) + "]}"
         ws.send(raw)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = [pytest.mark.npm, pytest.mark.subprocess, pytest.mark.slow]
+
 CODEX_VERSION = "0.171.0"
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "codex" / "config.toml"
 
@@ -36,8 +38,8 @@ def codex_bin() -> Path:
     return binary
 
 
-def test_codex_exec_runs_a_shell_command_over_websocket(codex_bin: Path, live_server_factory: Any, tmp_path: Path) -> None:
-    server = live_server_factory()
+def test_codex_exec_runs_a_shell_command_over_websocket(codex_bin: Path, responses_cache_server_factory: Any, tmp_path: Path) -> None:
+    server = responses_cache_server_factory()
     home = tmp_path / "codex-home"
     home.mkdir()
     config = CONFIG.read_text().replace("http://127.0.0.1:8000/v1", server.http_url)

@@ -28,8 +28,8 @@ def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     return dict(event)
 
 
-def test_bridge_example_continues_with_full_context(live_server_factory: Any) -> None:
-    server = live_server_factory(_load("bridge_existing_app").app)
+def test_bridge_example_continues_with_full_context(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(_load("bridge_existing_app").app)
     with connect(server.ws_url, max_size=None) as ws:
         first = _turn(ws, input="Hello!", store=False)
         second = _turn(ws, input="again", store=False, previous_response_id=first["response"]["id"])
@@ -38,8 +38,8 @@ def test_bridge_example_continues_with_full_context(live_server_factory: Any) ->
     assert second["response"]["usage"]["input_tokens"] > first["response"]["usage"]["input_tokens"]
 
 
-def test_sdk_tool_loop_example(live_server_factory: Any, monkeypatch: Any, capsys: Any) -> None:
-    server = live_server_factory()
+def test_sdk_tool_loop_example(responses_cache_server_factory: Any, monkeypatch: Any, capsys: Any) -> None:
+    server = responses_cache_server_factory()
     module = _load("sdk_websocket_tool_loop")
     monkeypatch.setattr(sys, "argv", ["x"])
     assert module.main(server.http_url) == 0

@@ -47,9 +47,9 @@ def assistant_texts(request: Any) -> list[str]:
     return [text_of(i.content) for i in request.conversation.items() if isinstance(i, Message) and i.role == "assistant"]
 
 
-def test_multi_turn_generate_and_stream_text_with_store(vercel_ai_dir: Path, live_server_factory: Any) -> None:
+def test_multi_turn_generate_and_stream_text_with_store(vercel_ai_dir: Path, responses_cache_server_factory: Any) -> None:
     backend = RecordingBackend(SimulatedEngine(SimulatedConfig(instant=True)))
-    server = live_server_factory(backend=backend)
+    server = responses_cache_server_factory(backend=backend)
     done = subprocess.run(
         ["node", SCRIPT.name, server.http_url],
         cwd=vercel_ai_dir, env={"PATH": os.environ["PATH"], "HOME": str(vercel_ai_dir)},

@@ -29,13 +29,13 @@ def _turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
             return dict(event["response"])
 
 
-def test_tokens_encoded_and_items_validated_do_not_grow_with_history(live_server_factory: Any) -> None:
+def test_tokens_encoded_and_items_validated_do_not_grow_with_history(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("harmony")
     engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=1000, argument_tokens=30)))
     route = Route("default", "sim-1", engine, renderer)
     app = create_app(router=StaticRouter({"sim-1": route}, default=route))
-    server = live_server_factory(app)
-    validator = app.state.service.pipeline.validator
+    server = responses_cache_server_factory(app)
+    validator = app.state.service.core.pipeline.validator
     encoded: list[int] = []
     checked: list[int] = []
     cached: list[int] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -24,7 +24,7 @@ class FileRecorder(RecordingBackend):
         super().__init__()
         self.path = path
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         with open(self.path, "ab") as out:
             out.write(msgspec.json.encode({"response_id": request.response_id, **context_of(request)}) + b"\n")
         async for event in super().generate(request):

@@ -30,7 +30,7 @@ def _app(**options: Any) -> Any:
 
 
 def _renderer(app: Any) -> BaseRenderer:
-    renderer = app.state.service.router.resolve(MODEL, "").renderer
+    renderer = app.state.service.core.router.resolve(MODEL, "").renderer
     assert isinstance(renderer, BaseRenderer)
     return renderer
 
@@ -68,7 +68,7 @@ async def test_http_continuation_on_the_holding_process_appends() -> None:
     work, response = await _rendered_by(app, previous)
     # The new user message and the output: nothing of the 8 earlier turns is rendered again.
     assert work == 1 + len(response["output"])
-    assert app.state.service.hot_hits == 8 and app.state.service.hydrations == 0
+    assert app.state.service.core.hot_hits == 8 and app.state.service.core.hydrations == 0
 
 
 async def test_without_the_hot_cache_http_renders_the_whole_chain() -> None:
@@ -76,7 +76,7 @@ async def test_without_the_hot_cache_http_renders_the_whole_chain() -> None:
     previous = await _conversation(app, 8)
     work, _ = await _rendered_by(app, previous)
     assert work > 8 * 2  # every earlier item again
-    assert app.state.service.hydrations == 8
+    assert app.state.service.core.hydrations == 8
 
 
 @pytest.mark.parametrize("other_renderer", ["harmony", "chatml"])
@@ -96,9 +96,9 @@ async def test_another_process_appends_from_the_snapshot_or_renders_in_full(redi
             assert work > 6 * 2
         # and back on A, which never saw B's turn: the snapshot again (A has no hot entry for it)
         work, back = await _rendered_by(a, response["id"])
-        assert a.state.service.hot_hits == 5 and a.state.service.hydrations == 1
+        assert a.state.service.core.hot_hits == 5 and a.state.service.core.hydrations == 1
         if other_renderer == "harmony":
-            assert a.state.service.snapshot_restores == 1 and work == 1 + len(back["output"])
+            assert a.state.service.core.snapshot_restores == 1 and work == 1 + len(back["output"])
 
 
 async def test_a_response_deleted_elsewhere_is_not_continued_from_the_hot_cache(redis_url: str) -> None:
@@ -149,14 +149,14 @@ def test_hot_cache_is_tenant_scoped_bounded_and_expires() -> None:
     assert hot.get("alice", "r5") is None  # no longer than the store keeps it
 
 
-def test_a_reconnect_to_the_same_process_is_hot(live_server_factory: Any) -> None:
+def test_a_reconnect_to_the_same_process_is_hot(responses_cache_server_factory: Any) -> None:
     """A ``store: true`` WebSocket conversation, continued on a new connection to the same
     process, and over HTTP there: both find the state hot and append."""
     import json
 
     from websockets.sync.client import connect
 
-    server = live_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
+    server = responses_cache_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
     app = server.app
     stats = _renderer(app).stats
 
@@ -181,7 +181,7 @@ def test_a_reconnect_to_the_same_process_is_hot(live_server_factory: Any) -> Non
     with connect(server.ws_url) as ws:
         response = turn(ws, "after a reconnect", previous)
     assert stats.items_rendered + stats.items_sampled - before == 1 + len(response["output"])
-    assert app.state.service.hot_hits == 1 and app.state.service.hydrations == 0
+    assert app.state.service.core.hot_hits == 1 and app.state.service.core.hydrations == 0
     reply = httpx.post(f"{server.http_url}/responses", json={"model": MODEL, "input": "and over HTTP", "previous_response_id": response["id"]}, timeout=30)
     assert reply.status_code == 200
-    assert app.state.service.hot_hits == 2 and app.state.service.hydrations == 0
+    assert app.state.service.core.hot_hits == 2 and app.state.service.core.hydrations == 0

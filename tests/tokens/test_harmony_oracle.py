@@ -37,6 +37,8 @@ from responses_cache.tokens.log import TokenLog
 
 from ._strategies import examples, instructions, items_, resent, splits, tool_sets
 
+pytestmark = [pytest.mark.slow]
+
 h = pytest.importorskip("openai_harmony")
 
 

@@ -16,12 +16,12 @@ def backend() -> RecordingBackend:
 
 
 @pytest.fixture
-def serve(live_server_factory: Callable[..., Any], backend: RecordingBackend) -> Callable[..., Any]:
+def serve(responses_cache_server_factory: Callable[..., Any], backend: RecordingBackend) -> Callable[..., Any]:
     """``serve(**create_app options)``: a live server over the recording backend (by default)."""
 
     def factory(**options: Any) -> Any:
         options.setdefault("backend", backend)
         options.setdefault("renderer", RENDERER)
-        return live_server_factory(**options)
+        return responses_cache_server_factory(**options)
 
     return factory

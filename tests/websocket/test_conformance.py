@@ -336,7 +336,7 @@ async def test_continuation_with_tool_output_has_full_context(serve: Any, backen
     assert backend.by_tag("2").identities() == expected("do it", first, output)
     assert backend.by_tag("3").identities() == expected("do it", first, output, second, "thanks")
     assert third["previous_response_id"] == second["id"]
-    assert server.app.state.service.hydrations == 0  # all from the connection cache
+    assert server.app.state.service.core.hydrations == 0  # all from the connection cache
 
 
 async def test_unknown_previous_response_with_store_false(serve: Any) -> None:
@@ -360,10 +360,10 @@ async def test_store_true_hydrates_on_a_new_connection(serve: Any, backend: Reco
         second = await ws.ok(input=output, previous_response_id=first["id"], tools=tools)
     async with ws_connect(server.ws_url) as ws:
         third = await ws.ok(input="and now?", previous_response_id=second["id"], metadata={"tag": "hydrated"})
-        assert server.app.state.service.hydrations == 1
+        assert server.app.state.service.core.hydrations == 1
         # the hydrated response is now the lane's latest: the next turn is a cache hit
         await ws.ok(input="more", previous_response_id=third["id"], store=False, metadata={"tag": "cached"})
-        assert server.app.state.service.hydrations == 1
+        assert server.app.state.service.core.hydrations == 1
     assert backend.by_tag("hydrated").identities() == expected("start", first, output, second, "and now?")
     assert backend.by_tag("cached").identities() == expected("start", first, output, second, "and now?", third, "more")
 
@@ -451,7 +451,7 @@ async def test_generate_false_warm_up(serve: Any, backend: RecordingBackend) -> 
         first = await ws.ok(input=[], previous_response_id=warm["id"], instructions="Be terse.", tools=tools, metadata={"tag": "1"})
         second = await ws.ok(input="next", previous_response_id=first["id"], metadata={"tag": "2"})
         await ws.ok(input="fork", previous_response_id=warm["id"], metadata={"tag": "later"})  # several turns later
-        assert server.app.state.service.hydrations == 1
+        assert server.app.state.service.core.hydrations == 1
     assert backend.by_tag("1").identities() == [user_key("context")]
     assert backend.by_tag("1").request.instructions == "Be terse."
     assert backend.by_tag("2").identities() == expected("context", first, "next")

@@ -128,9 +128,9 @@ async def test_after_eviction_hydration_and_full_resend_are_faithful(serve: Any,
         lost, _ = await agent.turn([user("volatile lane")], stream_id="v", store=False)
         for i in range(3):  # push both out of the 6-item budget
             await agent.turn([user(f"filler {i} " * 3), user("x"), user("y")], stream_id=f"f{i}", store=False)
-        assert server.app.state.service.hydrations == 0
+        assert server.app.state.service.core.hydrations == 0
         hydrated, th = await agent.turn([output_of("call_s", "done")], kept["id"], stream_id="s")
-        assert server.app.state.service.hydrations == 1
+        assert server.app.state.service.core.hydrations == 1
         assert agent.seen(th) == await reference(server.ws_url, backend, [*agent.history[kept["id"]], output_of("call_s", "done")])
         err = await ws.error(input=[user("again")], previous_response_id=lost["id"], stream_id="v", store=False)
         assert err["error"]["code"] == "previous_response_not_found"
@@ -199,7 +199,7 @@ async def test_full_input_reuse_is_stored_whole(serve: Any, backend: RecordingBa
     async with ws_connect(server.ws_url) as ws:
         agent.ws = ws
         _, tag = await agent.turn([user("step three")], second["id"])
-    assert server.app.state.service.hydrations == 1
+    assert server.app.state.service.core.hydrations == 1
     assert agent.seen(tag) == await reference(server.ws_url, backend, [*agent.history[second["id"]], user("step three")])
 
 
@@ -216,7 +216,7 @@ async def test_reconnect_with_store_true_hydrates_faithfully(serve: Any, backend
         new = [output_of("call_3", "out 4")]
         final, tag = await agent.turn(new, response["id"])
         again, tag2 = await agent.turn([user("bye")], final["id"], store=False)  # then from the cache
-    assert server.app.state.service.hydrations == 1
+    assert server.app.state.service.core.hydrations == 1
     assert agent.seen(tag) == await reference(server.ws_url, backend, [*agent.history[response["id"]], *new])
     assert agent.seen(tag2) == await reference(server.ws_url, backend, [*agent.history[final["id"]], user("bye")])
     assert again["status"] == "completed"

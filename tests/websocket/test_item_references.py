@@ -94,7 +94,7 @@ async def test_references_over_http_follow_the_store(serve: Any, backend: Record
     assert backend.by_tag("h-input-ref").identities() == [user_key("with an id")]
 
     # The process's index lost track (a restart, say): the parent's conversation still has it.
-    server.app.state.service.pipeline.stored_items.clear()
+    server.app.state.service.core.pipeline.stored_items.clear()
     r = post(server, input=[ref(msg)])
     assert r.status_code == 400 and r.json()["error"]["code"] == "item_not_found"
     assert r.json()["error"]["param"] == "input[0].id"

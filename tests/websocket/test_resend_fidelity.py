@@ -242,7 +242,7 @@ class Script:
             self.stored.add(response["id"])  # hydratable: its whole chain is stored
         self.check(tag, conversation, response)
         if store:  # what is stored (and hydrated later) is what the client sent, not the cache's shapes
-            stored = await self.server.app.state.service.store.get("default", response["id"])
+            stored = await self.server.app.state.service.core.store.get("default", response["id"])
             assert msgspec.json.encode(list(stored.input_items)) == msgspec.json.encode(decode_input(json.dumps(sent).encode()))
         if cache_expected:  # nothing the renderer sees changed: the whole prefix came from the cache
             assert self.server.app.state.metrics.total("full_input_reuse_total") > reuses
@@ -300,7 +300,7 @@ async def test_content_part_boundaries_on_resend_are_rendered_and_stored(serve: 
     """``["hello wor", "ld"]`` is not ``"hello world"`` (either way round), and a ``store: true``
     resend stores the client's items, so a later continuation (cached or hydrated) keeps them."""
     server = serve()
-    store = server.app.state.service.store
+    store = server.app.state.service.core.store
     async with ws_connect(server.ws_url) as ws:
         response, got, fresh = await _turn(ws, backend, [user("start"), user("hello world")])
         assert got == fresh

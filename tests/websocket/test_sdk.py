@@ -92,8 +92,8 @@ class Loop:
         return body
 
 
-def test_sync_sdk_runs_a_20_turn_tool_loop(live_server_factory: Any) -> None:
-    server = live_server_factory(backend=engine())
+def test_sync_sdk_runs_a_20_turn_tool_loop(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(backend=engine())
     client = OpenAI(base_url=server.http_url, api_key="sk-local", max_retries=0)
     loop = Loop(stream_id=None)
     with client, client.responses.connect() as conn:
@@ -110,8 +110,8 @@ def test_sync_sdk_runs_a_20_turn_tool_loop(live_server_factory: Any) -> None:
     assert server.app.state.metrics.total("cache_hits_total") == TURNS - 1
 
 
-async def test_async_sdk_runs_a_20_turn_tool_loop_on_a_lane(live_server_factory: Any) -> None:
-    server = live_server_factory(backend=engine())
+async def test_async_sdk_runs_a_20_turn_tool_loop_on_a_lane(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory(backend=engine())
     client = AsyncOpenAI(base_url=server.http_url, api_key="sk-local", max_retries=0)
     loop = Loop(stream_id="agent-1")
     async with client, client.responses.connect() as conn:

@@ -102,8 +102,8 @@ def conversation(send: Send) -> None:
     assert bad[-1]["error"]["code"] == "item_not_found" and bad[-1]["error"]["param"] == "input[1].id"
 
 
-def test_sdk_over_http(live_server_factory: Any) -> None:
-    server = live_server_factory()
+def test_sdk_over_http(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory()
     client = client_for(server)
 
     def send(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -125,17 +125,17 @@ def test_sdk_over_http(live_server_factory: Any) -> None:
         assert call.type == "custom_tool_call" and call.input == PATCH
 
 
-def test_sdk_over_websocket(live_server_factory: Any) -> None:
-    server = live_server_factory()
+def test_sdk_over_websocket(responses_cache_server_factory: Any) -> None:
+    server = responses_cache_server_factory()
     client = client_for(server)
     with client, client.responses.connect() as conn:
         conversation(ws_sender(conn))
     assert server.app.state.metrics.total("responses_completed_total", transport="websocket") == 4
 
 
-def test_websocket_references_to_unstored_items_stay_on_their_connection(live_server_factory: Any) -> None:
+def test_websocket_references_to_unstored_items_stay_on_their_connection(responses_cache_server_factory: Any) -> None:
     """``store: false`` output is referenceable on its own connection only."""
-    server = live_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
+    server = responses_cache_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
     client = client_for(server)
     with client:
         with client.responses.connect() as conn:

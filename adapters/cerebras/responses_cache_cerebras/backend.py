@@ -18,7 +18,7 @@ under ``cerebras_ratelimit_*``) and to :attr:`CerebrasBackend.rate_limits`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -95,7 +95,7 @@ class CerebrasBackend:
     def mode_for(self, model: str) -> str:
         return self.modes.get(model, self.mode)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         events = self._chat(request) if self.mode_for(request.model) == "chat" else self._tokens(request)
         try:
             async for event in events:

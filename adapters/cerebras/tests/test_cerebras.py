@@ -59,11 +59,11 @@ def _loop(live: Any, backend: CerebrasBackend) -> tuple[dict[str, Any], dict[str
     return first, second
 
 
-def test_token_path_sends_token_prompts_and_parses_harmony(live_server_factory: Any) -> None:
+def test_token_path_sends_token_prompts_and_parses_harmony(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, [CALL, ANSWER])
     metrics = InMemoryMetrics()
-    backend = _backend(live_server_factory, engine, metrics=metrics)
-    first, second = _loop(live_server_factory, backend)
+    backend = _backend(responses_cache_server_factory, engine, metrics=metrics)
+    first, second = _loop(responses_cache_server_factory, backend)
     output = first["response"]["output"]
     assert [o["type"] for o in output] == ["reasoning", "function_call"]
     assert output[1]["name"] == "exec_command" and json.loads(output[1]["arguments"]) == {"cmd": "ls"}
@@ -85,13 +85,13 @@ def test_token_path_sends_token_prompts_and_parses_harmony(live_server_factory: 
     assert engine.requests[0].headers["authorization"] == "Bearer csk-test"
 
 
-def test_chat_path_is_byte_stable_and_keeps_reasoning(live_server_factory: Any) -> None:
+def test_chat_path_is_byte_stable_and_keeps_reasoning(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, chat_script=[
         ChatReply(reasoning="List the files first.", tool_calls=[("exec_command", '{"cmd": "ls"}')]),
         ChatReply(content="There are two files."),
     ])
-    backend = _backend(live_server_factory, engine, modes={"gpt-oss": "chat"})
-    first, second = _loop(live_server_factory, backend)
+    backend = _backend(responses_cache_server_factory, engine, modes={"gpt-oss": "chat"})
+    first, second = _loop(responses_cache_server_factory, backend)
     output = first["response"]["output"]
     assert [o["type"] for o in output] == ["reasoning", "function_call"]
     assert output[1]["call_id"] == "call_cb1_0"  # the engine's call id, kept
@@ -124,20 +124,20 @@ def test_chat_path_is_byte_stable_and_keeps_reasoning(live_server_factory: Any) 
     ids=["429", "context-length", "error-chunk"],
 )
 @pytest.mark.parametrize("mode", ["tokens", "chat"])
-def test_errors_are_mapped(live_server_factory: Any, behaviour: Behaviour, code: str, words: str, mode: str) -> None:
+def test_errors_are_mapped(responses_cache_server_factory: Any, behaviour: Behaviour, code: str, words: str, mode: str) -> None:
     engine = FakeCerebras(ENC, [ANSWER])
     engine.behaviours = [behaviour]
-    server = live_server_factory(create_app(backend=_backend(live_server_factory, engine, mode=mode), renderer="harmony"))
+    server = responses_cache_server_factory(create_app(backend=_backend(responses_cache_server_factory, engine, mode=mode), renderer="harmony"))
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed"
     assert failed["response"]["error"]["code"] == code and words in failed["response"]["error"]["message"]
 
 
-def test_disconnect_closes_the_cerebras_stream(live_server_factory: Any) -> None:
+def test_disconnect_closes_the_cerebras_stream(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, [ANSWER])
     engine.default = Behaviour(chunk_tokens=1, hang_after=5)
-    server = live_server_factory(create_app(backend=_backend(live_server_factory, engine), renderer="harmony"))
+    server = responses_cache_server_factory(create_app(backend=_backend(responses_cache_server_factory, engine), renderer="harmony"))
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.output_text.delta":
@@ -148,24 +148,24 @@ def test_disconnect_closes_the_cerebras_stream(live_server_factory: Any) -> None
     assert engine.closed_early == 1
 
 
-def test_the_sdk_warms_its_connection_unless_told_not_to(live_server_factory: Any) -> None:
+def test_the_sdk_warms_its_connection_unless_told_not_to(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC)
-    _backend(live_server_factory, engine)
+    _backend(responses_cache_server_factory, engine)
     assert [r.path for r in engine.requests] == []
-    _backend(live_server_factory, engine, warm_tcp_connection=True)
+    _backend(responses_cache_server_factory, engine, warm_tcp_connection=True)
     assert [r.path for r in engine.requests] == ["/v1/tcp_warming"]
 
 
-def test_without_raw_tokens_the_text_is_parsed(live_server_factory: Any) -> None:
+def test_without_raw_tokens_the_text_is_parsed(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, [CALL, ANSWER], raw_tokens=False)
-    first, second = _loop(live_server_factory, _backend(live_server_factory, engine))
+    first, second = _loop(responses_cache_server_factory, _backend(responses_cache_server_factory, engine))
     assert [o["type"] for o in first["response"]["output"]] == ["reasoning", "function_call"]
     assert second["response"]["output"][0]["content"][0]["text"] == "There are two files."
 
 
-def test_text_without_markers_fails_clearly(live_server_factory: Any) -> None:
+def test_text_without_markers_fails_clearly(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, [ANSWER], raw_tokens=False, special_tokens_in_text=False)
-    server = live_server_factory(create_app(backend=_backend(live_server_factory, engine), renderer="harmony"))
+    server = responses_cache_server_factory(create_app(backend=_backend(responses_cache_server_factory, engine), renderer="harmony"))
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed" and "use mode 'chat'" in failed["response"]["error"]["message"]

@@ -26,7 +26,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,7 +319,7 @@ class EngineBackend:
         )
         return params, prefill, prefill_text
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         if request.prompt is None:
             raise BackendError("this backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer

@@ -73,9 +73,9 @@ def _check_loop(engine: Any, first: dict[str, Any], second: dict[str, Any], prom
 # -- vLLM ------------------------------------------------------------------------------------
 
 
-def test_vllm_generate_route_request_fields_and_tool_loop(live_server_factory: Any) -> None:
+def test_vllm_generate_route_request_fields_and_tool_loop(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [CALL, ANSWER])
-    first, second = _tool_loop(_serve(live_server_factory, engine))
+    first, second = _tool_loop(_serve(responses_cache_server_factory, engine))
     _check_loop(engine, first, second, "token_ids")
     requests = engine.generation_requests()
     assert {r.path for r in requests} == {"/inference/v1/generate"}
@@ -97,10 +97,10 @@ def test_vllm_generate_route_request_fields_and_tool_loop(live_server_factory: A
     assert second["response"]["usage"]["input_tokens_details"]["cached_tokens"] >= len(body["token_ids"]) // 16 * 16 - 16
 
 
-def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(live_server_factory: Any) -> None:
+def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [CALL, ANSWER], generate_route=False)
     engine.default = Behaviour(chunk_tokens=4, hold_back=True)
-    first, second = _tool_loop(_serve(live_server_factory, engine))
+    first, second = _tool_loop(_serve(responses_cache_server_factory, engine))
     _check_loop(engine, first, second, "prompt")
     body = engine.generation_requests()[0].body
     assert engine.generation_requests()[0].path == "/v1/completions"
@@ -109,12 +109,12 @@ def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(live_se
     assert body["stop_token_ids"] == STOPS and body["return_token_ids"] is True and body["skip_special_tokens"] is False
 
 
-def test_vllm_completions_without_ids_parses_the_engines_text(live_server_factory: Any) -> None:
+def test_vllm_completions_without_ids_parses_the_engines_text(responses_cache_server_factory: Any) -> None:
     # An engine that gives no ids: the text (stop token left out, held back across chunks) is
     # parsed, and the assistant turn is rendered from the output items.
     engine = FakeVllm(ENC, [CALL, ANSWER], generate_route=False)
     engine.default = Behaviour(chunk_tokens=2, hold_back=True)
-    server = _serve(live_server_factory, engine, return_token_ids=False)
+    server = _serve(responses_cache_server_factory, engine, return_token_ids=False)
     first, second = _tool_loop(server)
     assert [o["type"] for o in first["response"]["output"]] == ["reasoning", "function_call"]
     assert second["response"]["output"][0]["content"][0]["text"] == "There are two files."
@@ -125,9 +125,9 @@ def test_vllm_completions_without_ids_parses_the_engines_text(live_server_factor
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
-def test_sglang_generate_frames(live_server_factory: Any, incremental: bool) -> None:
+def test_sglang_generate_frames(responses_cache_server_factory: Any, incremental: bool) -> None:
     engine = FakeSglang(ENC, [CALL, ANSWER], incremental_output=incremental)
-    first, second = _tool_loop(_serve(live_server_factory, engine, name="sglang"))
+    first, second = _tool_loop(_serve(responses_cache_server_factory, engine, name="sglang"))
     _check_loop(engine, first, second, "input_ids")
     request = engine.generation_requests()[0]
     assert request.path == "/generate"
@@ -139,9 +139,9 @@ def test_sglang_generate_frames(live_server_factory: Any, incremental: bool) -> 
         engine.generation_requests()[1].headers["x-smg-routing-key"]
 
 
-def test_sglang_completions_endpoint(live_server_factory: Any) -> None:
+def test_sglang_completions_endpoint(responses_cache_server_factory: Any) -> None:
     engine = FakeSglang(ENC, [CALL, ANSWER])
-    first, second = _tool_loop(_serve(live_server_factory, engine, name="sglang", endpoint="completions"))
+    first, second = _tool_loop(_serve(responses_cache_server_factory, engine, name="sglang", endpoint="completions"))
     _check_loop(engine, first, second, "prompt")
     body = engine.generation_requests()[0].body
     assert set(body) == {"rid", "model", "prompt", "stream", "stream_options", "skip_special_tokens",
@@ -172,28 +172,28 @@ def _one(live: Any, engine: Any, **options: Any) -> dict[str, Any]:
 )
 @pytest.mark.parametrize("generate_route", [True, False], ids=["generate", "completions"])
 def test_engine_errors_keep_their_meaning(
-    live_server_factory: Any, behaviour: Behaviour, code: str, words: str, generate_route: bool
+    responses_cache_server_factory: Any, behaviour: Behaviour, code: str, words: str, generate_route: bool
 ) -> None:
     engine = FakeVllm(ENC, [ANSWER], generate_route=generate_route)
     engine.behaviours = [behaviour]
-    failed = _one(live_server_factory, engine)
+    failed = _one(responses_cache_server_factory, engine)
     assert failed["type"] == "response.failed", failed["type"]
     error = failed["response"]["error"]
     assert error["code"] == code and words in error["message"], error
 
 
-def test_length_is_incomplete_not_failed(live_server_factory: Any) -> None:
+def test_length_is_incomplete_not_failed(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [ANSWER])
-    server = _serve(live_server_factory, engine)
+    server = _serve(responses_cache_server_factory, engine)
     with connect(server.ws_url) as ws:
         done = _turn(ws, input="hi", max_output_tokens=4)
     assert done["type"] == "response.incomplete"
     assert done["response"]["incomplete_details"]["reason"] == "max_output_tokens"
 
 
-def test_a_prompt_longer_than_the_window_is_refused_before_the_engine(live_server_factory: Any) -> None:
+def test_a_prompt_longer_than_the_window_is_refused_before_the_engine(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [ANSWER], max_model_len=40)
-    failed = _one(live_server_factory, engine)
+    failed = _one(responses_cache_server_factory, engine)
     assert failed["response"]["error"]["code"] == "context_length_exceeded"
     assert engine.generation_requests() == []
 
@@ -207,11 +207,11 @@ def _dead_url() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: connections are refused
 
 
-def test_refused_connection_and_503_fail_over_before_the_first_token(live_server_factory: Any) -> None:
+def test_refused_connection_and_503_fail_over_before_the_first_token(responses_cache_server_factory: Any) -> None:
     busy = FakeVllm(ENC, [ANSWER])
     busy.default = Behaviour(status=503, message="no capacity")
     good = FakeVllm(ENC, [ANSWER])
-    server = _serve(live_server_factory, busy, _dead_url(), good)
+    server = _serve(responses_cache_server_factory, busy, _dead_url(), good)
     with connect(server.ws_url) as ws:
         for i in range(6):  # several conversations: whichever replica owns them, they land on `good`
             done = _turn(ws, input=f"conversation {i}")
@@ -219,10 +219,10 @@ def test_refused_connection_and_503_fail_over_before_the_first_token(live_server
     assert len(good.generation_requests()) == 6
 
 
-def test_no_replica_left_fails_the_response(live_server_factory: Any) -> None:
+def test_no_replica_left_fails_the_response(responses_cache_server_factory: Any) -> None:
     busy = FakeVllm(ENC, [ANSWER])
     busy.default = Behaviour(status=503, message="no capacity")
-    server = _serve(live_server_factory, busy, _dead_url(), endpoint="generate", context_window=4096, handshake=False)
+    server = _serve(responses_cache_server_factory, busy, _dead_url(), endpoint="generate", context_window=4096, handshake=False)
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "server_error"
@@ -231,12 +231,12 @@ def test_no_replica_left_fails_the_response(live_server_factory: Any) -> None:
     assert len(busy.generation_requests()) == 1
 
 
-def test_a_failure_after_the_first_token_fails_the_response_without_retry(live_server_factory: Any) -> None:
+def test_a_failure_after_the_first_token_fails_the_response_without_retry(responses_cache_server_factory: Any) -> None:
     first = FakeVllm(ENC, [ANSWER])
     second = FakeVllm(ENC, [ANSWER])
     for engine in (first, second):
         engine.default = Behaviour(chunk_tokens=1, error_after=2, message="engine died")
-    server = _serve(live_server_factory, first, second)
+    server = _serve(responses_cache_server_factory, first, second)
     with connect(server.ws_url) as ws:
         failed = _turn(ws, input="hi")
     assert failed["type"] == "response.failed"
@@ -244,10 +244,10 @@ def test_a_failure_after_the_first_token_fails_the_response_without_retry(live_s
     assert len(first.generation_requests()) + len(second.generation_requests()) == 1
 
 
-def test_client_disconnect_closes_the_engine_stream(live_server_factory: Any) -> None:
+def test_client_disconnect_closes_the_engine_stream(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [ANSWER])
     engine.default = Behaviour(chunk_tokens=1, hang_after=4)
-    server = _serve(live_server_factory, engine)
+    server = _serve(responses_cache_server_factory, engine)
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.output_text.delta":
@@ -258,23 +258,23 @@ def test_client_disconnect_closes_the_engine_stream(live_server_factory: Any) ->
     assert engine.closed_early == 1 and engine.completed == 0
 
 
-def test_handshake_refuses_an_engine_with_another_vocabulary(live_server_factory: Any) -> None:
+def test_handshake_refuses_an_engine_with_another_vocabulary(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [ANSWER], tokenize_offset=1)
-    upstream = live_server_factory(engine.app())
+    upstream = responses_cache_server_factory(engine.app())
     backend = EngineBackend(f"http://127.0.0.1:{upstream.port}", model=engine.model, template="harmony")
     with pytest.raises(HandshakeError, match="tokenizes differently"):
         asyncio.run(backend.start())
     same = FakeVllm(ENC, [ANSWER])
-    ok = EngineBackend(f"http://127.0.0.1:{live_server_factory(same.app()).port}", model=same.model, template="harmony")
+    ok = EngineBackend(f"http://127.0.0.1:{responses_cache_server_factory(same.app()).port}", model=same.model, template="harmony")
     asyncio.run(ok.start())
     assert ok.dialect is not None and ok.dialect.name == "vllm-generate" and ok.context_window == same.max_model_len
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn exits its thread
-def test_a_server_in_front_of_another_vocabulary_refuses_to_start(live_server_factory: Any) -> None:
+def test_a_server_in_front_of_another_vocabulary_refuses_to_start(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [ANSWER], tokenize_offset=7)
     with pytest.raises(RuntimeError, match="did not start"):
-        _serve(live_server_factory, engine)
+        _serve(responses_cache_server_factory, engine)
     assert [r.path for r in engine.requests] == ["/inference/v1/generate", "/v1/models", "/tokenize"]
 
 

@@ -39,10 +39,10 @@ def _turn(ws: Any, **body: Any) -> dict[str, Any]:
 
 
 def test_websocket_mode_inside_vllm_calls_generate_in_process(
-    live_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+    responses_cache_server_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = FakeVllm(ENC, [ANSWER, ANSWER], api_key="sk-vllm")
-    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
+    server = responses_cache_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
     headers = {"Authorization": "Bearer sk-vllm"}
     with connect(server.ws_url, additional_headers=headers) as ws:
         first = _turn(ws, input="hi", store=False)
@@ -60,9 +60,9 @@ def test_websocket_mode_inside_vllm_calls_generate_in_process(
     assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models").status_code == 401
 
 
-def test_the_middleware_checks_vllms_api_key(live_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_middleware_checks_vllms_api_key(responses_cache_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FakeVllm(ENC, [ANSWER], api_key="sk-vllm")
-    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
+    server = responses_cache_server_factory(_vllm_with_middleware(engine, monkeypatch, VLLM_API_KEY="sk-vllm"))
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         with pytest.raises(InvalidStatus) as refused:
             connect(server.ws_url, additional_headers=headers).close()
@@ -71,11 +71,11 @@ def test_the_middleware_checks_vllms_api_key(live_server_factory: Any, monkeypat
 
 
 def test_a_client_leaving_aborts_the_in_process_generation(
-    live_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+    responses_cache_server_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = FakeVllm(ENC, [ANSWER])
     engine.default = Behaviour(chunk_tokens=1, hang_after=6)
-    server = live_server_factory(_vllm_with_middleware(engine, monkeypatch))
+    server = responses_cache_server_factory(_vllm_with_middleware(engine, monkeypatch))
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": engine.model, "input": "hi"}))
         while json.loads(ws.recv())["type"] != "response.reasoning_text.delta":

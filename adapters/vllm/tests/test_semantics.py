@@ -86,20 +86,20 @@ def _backend(live: Any, engine: FakeVllm, **options: Any) -> EngineBackend:
     return EngineBackend(url, model=engine.model, **options)
 
 
-def test_chatml_template_opening_think_parses_reasoning(live_server_factory: Any) -> None:
+def test_chatml_template_opening_think_parses_reasoning(responses_cache_server_factory: Any) -> None:
     renderer = ThinkingChatML()
     engine = FakeVllm(renderer.encoding, ["plan it\n</think>\n\nSure.<|im_end|>"])
-    events = _run(_backend(live_server_factory, engine), _request(renderer))
+    events = _run(_backend(responses_cache_server_factory, engine), _request(renderer))
     assert _summary(events) == [("reasoning", "plan it\n"), ("text", "\n\nSure.")]
     assert isinstance(events[-1], Finish) and events[-1].token_ids is not None
     assert events[-1].token_ids[-1] == renderer.encoding.encode_single_token("<|im_end|>")
 
 
-def test_named_tool_choice_starts_the_call_in_the_prompt(live_server_factory: Any) -> None:
+def test_named_tool_choice_starts_the_call_in_the_prompt(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("harmony")
     engine = FakeVllm(renderer.encoding, ['{"cmd": "ls"}<|call|>'])
     request = _request(renderer, tool_choice={"type": "function", "name": "exec_command"})
-    events = _run(_backend(live_server_factory, engine), request)
+    events = _run(_backend(responses_cache_server_factory, engine), request)
     assert _summary(events) == [("call", "exec_command"), ("args", '{"cmd": "ls"}')]
     prefill = renderer.encoding.encode("<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>",
                                        allowed_special="all")
@@ -109,23 +109,23 @@ def test_named_tool_choice_starts_the_call_in_the_prompt(live_server_factory: An
     assert isinstance(finish, Finish) and list(finish.token_ids or [])[: len(prefill)] == prefill
 
 
-def test_required_tool_choice_forces_a_call(live_server_factory: Any) -> None:
+def test_required_tool_choice_forces_a_call(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("chatml")
     engine = FakeVllm(renderer.encoding, ['exec_command", "arguments": {"cmd": "pwd"}}\n</tool_call><|im_end|>'])
-    events = _run(_backend(live_server_factory, engine), _request(renderer, tool_choice="required"))
+    events = _run(_backend(responses_cache_server_factory, engine), _request(renderer, tool_choice="required"))
     assert _summary(events) == [("call", "exec_command"), ("args", '{"cmd": "pwd"}')]
 
 
-def test_tool_choice_none_is_refused_clearly(live_server_factory: Any) -> None:
+def test_tool_choice_none_is_refused_clearly(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("harmony")
     engine = FakeVllm(renderer.encoding)
     with pytest.raises(BackendError, match="tool_choice") as raised:
-        _run(_backend(live_server_factory, engine), _request(renderer, tool_choice="none"))
+        _run(_backend(responses_cache_server_factory, engine), _request(renderer, tool_choice="none"))
     assert raised.value.code == "unsupported_value"
     assert engine.generation_requests() == []
 
 
-def test_parallel_tool_calls_false_keeps_one_call_and_stops_the_engine(live_server_factory: Any) -> None:
+def test_parallel_tool_calls_false_keeps_one_call_and_stops_the_engine(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("chatml")
     two_calls = ('<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls"}}\n</tool_call>\n'
                  '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "pwd"}}\n</tool_call>\n'
@@ -134,21 +134,21 @@ def test_parallel_tool_calls_false_keeps_one_call_and_stops_the_engine(live_serv
     # The engine stalls a few tokens after the second call: only closing the stream ends it.
     stall = len(renderer.encoding.encode(two_calls[: two_calls.rindex("</tool_call>") + 20], allowed_special="all"))
     engine.behaviours = [Behaviour(chunk_tokens=1, hang_after=stall)]
-    events = _run(_backend(live_server_factory, engine), _request(renderer, parallel_tool_calls=False))
+    events = _run(_backend(responses_cache_server_factory, engine), _request(renderer, parallel_tool_calls=False))
     assert _summary(events) == [("call", "exec_command"), ("args", '{"cmd": "ls"}'), ("text", "\n")]
     assert isinstance(events[-1], Finish) and events[-1].token_ids is None  # rendered from the one call
     deadline = time.monotonic() + 10
     while engine.closed_early == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.closed_early == 1
-    both = _run(_backend(live_server_factory, engine), _request(renderer, parallel_tool_calls=True))
+    both = _run(_backend(responses_cache_server_factory, engine), _request(renderer, parallel_tool_calls=True))
     assert [e.name for e in both if isinstance(e, ToolCallStart)] == ["exec_command", "exec_command"]
 
 
-def test_cache_salt_is_per_tenant_unguessable_and_overridable(live_server_factory: Any) -> None:
+def test_cache_salt_is_per_tenant_unguessable_and_overridable(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("harmony")
     engine = FakeVllm(renderer.encoding, ["<|channel|>final<|message|>ok<|return|>"])
-    url = f"http://127.0.0.1:{live_server_factory(engine.app()).port}"
+    url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
     for tenant, salt in (("acme", None), ("acme", None), ("globex", None), ("acme", "explicit-salt"), ("", None)):
         backend = EngineBackend(url, model=engine.model, salt_key="k" * 32)
         _run(backend, _request(renderer, tenant=tenant, cache_salt=salt))
@@ -161,7 +161,7 @@ def test_cache_salt_is_per_tenant_unguessable_and_overridable(live_server_factor
     assert engine.unknown_fields == []
 
 
-def test_routing_headers_follow_the_conversation_not_the_tenant(live_server_factory: Any) -> None:
+def test_routing_headers_follow_the_conversation_not_the_tenant(responses_cache_server_factory: Any) -> None:
     renderer = get_renderer("harmony")
     backend = EngineBackend("http://127.0.0.1:9", model="m", data_parallel_size=4)
     one = backend.routing(_request(renderer, affinity_key="acme/conv-1/0"))

@@ -21,13 +21,13 @@ def _call(cmd: str) -> str:
             f"to=functions.exec_command <|constrain|>json<|message|>{json.dumps({'cmd': cmd})}<|call|>")
 
 
-def test_smoke_client_tool_loop_against_the_fake(live_server_factory: Any, capsys: Any) -> None:
+def test_smoke_client_tool_loop_against_the_fake(responses_cache_server_factory: Any, capsys: Any) -> None:
     engine = FakeVllm(ENC, [_call("ls"), _call("cat README.md"), _call("git log -1"),
                             "<|channel|>final<|message|>A small demo project.<|return|>"])
     engine.default = Behaviour(chunk_tokens=4, hold_back=True)
-    upstream = live_server_factory(engine.app())
+    upstream = responses_cache_server_factory(engine.app())
     backend = load_backend("vllm", base_urls=f"http://127.0.0.1:{upstream.port}", model=engine.model, template="harmony")
-    server = live_server_factory(create_app(backend=backend, renderer="harmony"))
+    server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony"))
     spec = importlib.util.spec_from_file_location("smoke_client", SMOKE)
     assert spec is not None and spec.loader is not None
     smoke = importlib.util.module_from_spec(spec)
