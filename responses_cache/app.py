@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, fields, replace
 
 from starlette.applications import Starlette
@@ -145,6 +147,18 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
     return app_for(service)
 
 
+def _lifespan(service: Service) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """The app's own lifespan runs the service too (start and close are idempotent), so the
+    HTTP routes have it even where the lifespan is entered without the middleware."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with service:
+            yield
+
+    return lifespan
+
+
 def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
@@ -158,7 +172,7 @@ def app_for(service: Service) -> Starlette:
             return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)
 
         routes.append(HTTPRoute("/metrics", prometheus, methods=["GET"]))
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, lifespan=_lifespan(service))
     app.add_middleware(WebSocketMode, service=service)  # type: ignore[arg-type]
     app.state.service = service
     app.state.metrics = metrics

@@ -97,16 +97,16 @@ class WebSocketMode:
         if scope["type"] != "websocket" or self._path(scope) not in self.paths:
             await self.app(scope, receive, send)
             return
-        await self.service.start()  # no-op once the lifespan has started it
         websocket = WebSocket(scope, receive, send)
         tenant = await self.service.authenticator.authenticate(websocket.headers)
         if tenant is None:
-            body = HTTPErrorBody(
-                ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key").payload
-            )
-            await websocket.send_denial_response(
-                HTTPResponse(encode(body), status_code=401, media_type="application/json")
-            )
+            await _deny(websocket, ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key"))
+            return
+        try:
+            await self.service.start()  # no-op once the lifespan has started it (after the key check)
+        except Exception:
+            logger.exception("starting the responses-cache service failed")
+            await _deny(websocket, server_error())
             return
         await websocket.accept()
         connection = _Connection(self, websocket, tenant, send)
@@ -144,6 +144,12 @@ class WebSocketMode:
         if root and path.startswith(root):
             path = path[len(root) :]
         return path.rstrip("/")
+
+
+async def _deny(websocket: WebSocket, error: ResponsesError) -> None:
+    """Refuse the upgrade with an HTTP error response carrying the OpenAI error envelope."""
+    body = encode(HTTPErrorBody(error.payload))
+    await websocket.send_denial_response(HTTPResponse(body, status_code=error.status, media_type="application/json"))
 
 
 class _Connection:

@@ -86,7 +86,7 @@ async def test_another_process_appends_from_the_snapshot_or_renders_in_full(redi
     async with a.router.lifespan_context(a), b.router.lifespan_context(b):
         previous = await _conversation(a, 6)
         work, response = await _rendered_by(b, previous)
-        service = b.state.service
+        service = b.state.service.core
         assert service.hydrations == 1 and response["status"] == "completed"
         if other_renderer == "harmony":  # the same fingerprint: the snapshot's log is extended
             assert service.snapshot_restores == 1
