@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .clients import HTTPClient, SocketHTTPClient, TurnResult, WSClient, http_body, ws_frame
+from .clients import HTTPClient, SocketHTTPClient, TurnTiming, WSClient, http_body, ws_frame
 from .workload import CHARS_PER_TOKEN
 
 Mode = Literal["http_full", "http_prev", "ws"]
@@ -70,7 +70,7 @@ class AgentLoop:
         body = self.body(new_items)
         return ws_frame(body) if self.mode == "ws" else http_body(body)
 
-    def send(self, new_items: list[dict[str, Any]], wire: str | bytes | None = None) -> TurnResult:
+    def send(self, new_items: list[dict[str, Any]], wire: str | bytes | None = None) -> TurnTiming:
         """Run one turn; ``wire`` is :meth:`encode`'s result for ``new_items`` if already built."""
         if wire is None:
             wire = self.encode(new_items)
@@ -83,7 +83,7 @@ class AgentLoop:
         self.record(new_items, result)
         return result
 
-    def record(self, new_items: list[dict[str, Any]], result: TurnResult) -> None:
+    def record(self, new_items: list[dict[str, Any]], result: TurnTiming) -> None:
         self.transcript.extend(new_items)
         self.transcript.extend(result.output)
         self.previous_id = result.id

@@ -1,6 +1,6 @@
 """Benchmark clients over loopback: WebSocket mode (``websockets``) and HTTP + SSE (``httpx``).
 
-Each client sends one ``response.create`` body and returns a :class:`TurnResult` with the time to
+Each client sends one ``response.create`` body and returns a :class:`TurnTiming` with the time to
 the first server event (``response.created``: everything the server does before generation) and
 to the terminal event. Bodies are encoded before the clock starts; events are only probed for
 their ``type`` (the terminal event is decoded in full), so client-side parsing stays small.
@@ -23,11 +23,11 @@ from websockets.asyncio.client import connect as ws_connect
 _TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 
 
-class _Probe(msgspec.Struct):
+class _EventHead(msgspec.Struct):
     type: str = ""
 
 
-_probe = msgspec.json.Decoder(_Probe)
+_probe = msgspec.json.Decoder(_EventHead)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -36,7 +36,7 @@ class TurnError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class TurnResult:
+class TurnTiming:
     first_event_s: float
     completed_s: float
     events: int
@@ -69,14 +69,14 @@ class TurnResult:
         return None
 
 
-def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int) -> TurnResult:
+def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int) -> TurnTiming:
     payload: dict[str, Any] = msgspec.json.decode(data)
     if kind == "error":
         raise TurnError(str(payload.get("error")))
     response: dict[str, Any] = payload["response"]
     if kind == "response.failed":
         raise TurnError(str(response.get("error")))
-    return TurnResult(first - t0, time.perf_counter() - t0, events, response)
+    return TurnTiming(first - t0, time.perf_counter() - t0, events, response)
 
 
 def ws_frame(body: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ class WSClient:
             )
         )
 
-    def turn(self, frame: str) -> TurnResult:
+    def turn(self, frame: str) -> TurnTiming:
         return self._loop.run_until_complete(ws_turn_async(self._ws, frame))
 
     def close(self) -> None:
@@ -137,7 +137,7 @@ class HTTPClient:
             timeout=httpx.Timeout(600.0),
         )
 
-    def turn(self, content: bytes) -> TurnResult:
+    def turn(self, content: bytes) -> TurnTiming:
         t0 = time.perf_counter()
         with self._client.stream("POST", "/responses", content=content) as response:
             if response.status_code != 200:
@@ -216,7 +216,7 @@ class SocketHTTPClient:
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
-    def turn(self, content: bytes) -> TurnResult:
+    def turn(self, content: bytes) -> TurnTiming:
         t0 = time.perf_counter()
         self._sock.sendall(self._head + b"content-length: %d\r\n\r\n" % len(content) + content)
         head = self._until(b"\r\n\r\n").split(b"\r\n")
@@ -228,7 +228,7 @@ class SocketHTTPClient:
         first = 0.0
         events = 0
         pending = b""
-        result: TurnResult | None = None
+        result: TurnTiming | None = None
         while True:
             size = int(self._until(b"\r\n").split(b";")[0], 16)
             chunk = self._exactly(size)
@@ -255,7 +255,7 @@ class SocketHTTPClient:
         self._sock.close()
 
 
-async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnResult:
+async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
     """One turn on an asyncio ``websockets`` connection (the scale benchmark)."""
     t0 = time.perf_counter()
     await ws.send(frame)

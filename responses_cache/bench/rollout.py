@@ -19,7 +19,7 @@ from typing import Any
 
 from ..backends.simulated import SimulatedConfig
 from .agent import MODES, AgentLoop, Mode
-from .clients import TurnResult
+from .clients import TurnTiming
 from .runner import ServerSpec
 from .server import ServerProcess
 from .stats import p50
@@ -105,7 +105,7 @@ def _rollout(
         instructions=instructions,
         tools=tools(),
     )
-    results: list[TurnResult] = []
+    results: list[TurnTiming] = []
     tool_s = opts.tool_ms / 1e3
     limit = opts.tool_calls if calls is None else calls
     try:
@@ -142,7 +142,7 @@ def _rollout(
     }
 
 
-def engine_floor(results: list[TurnResult], opts: RolloutOptions) -> float:
+def engine_floor(results: list[TurnTiming], opts: RolloutOptions) -> float:
     """Engine time alone, from its timing model: prefill of what its prefix cache cannot supply
     (whole blocks of the previous prompt are cached), plus decode."""
     block = SimulatedConfig().kv_block_tokens

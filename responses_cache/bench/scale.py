@@ -20,7 +20,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from .agent import MODEL
-from .clients import TurnResult, ws_frame, ws_turn_async
+from .clients import TurnTiming, ws_frame, ws_turn_async
 from .runner import ServerSpec, raise_fd_limit
 from .server import ServerProcess
 from .stats import percentile
@@ -215,7 +215,7 @@ async def _warm(
         conn.previous_id, conn.tokens = None, 0
 
 
-async def _turn(conn: _Conn, body: dict[str, Any], errors: list[str]) -> TurnResult | None:
+async def _turn(conn: _Conn, body: dict[str, Any], errors: list[str]) -> TurnTiming | None:
     try:
         result = await ws_turn_async(conn.ws, ws_frame(body))
     except Exception as exc:  # counted, reported

@@ -36,7 +36,7 @@ from ..store import ResponseStore, StoredResponse
 from ..tokens.snapshot import delta
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner
-from .render import Rendered, extend_with_output, render
+from .render import RenderedPrompt, extend_with_output, render
 from .turn import Turn
 from .validate import Validator
 
@@ -128,7 +128,7 @@ class Pipeline:
         timings["validate"] = t1 - t0
 
         context = parent.conversation if parent else EMPTY
-        rendered: Rendered | None = None
+        rendered: RenderedPrompt | None = None
         if route.renderer is not None:
             try:
                 rendered = render(
@@ -258,7 +258,7 @@ class Pipeline:
 
     @staticmethod
     def _generation_request(
-        turn: Turn, route: Route, rendered: Rendered | None, context: Conversation
+        turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation
     ) -> GenerationRequest:
         request = turn.request
         return GenerationRequest(
@@ -346,13 +346,13 @@ class Pipeline:
         return None, states, finish
 
     @staticmethod
-    def _prompt_tokens(turn: Turn, route: Route, rendered: Rendered | None) -> tuple[int, int]:
+    def _prompt_tokens(turn: Turn, route: Route, rendered: RenderedPrompt | None) -> tuple[int, int]:
         """``(input_tokens, cached_tokens)`` as known before generation (0 without a renderer)."""
         if not turn.request.generate or rendered is None or route.renderer is None:
             return 0, 0
         return rendered.log.num_tokens + len(route.renderer.generation_prompt), rendered.cached_tokens
 
-    def _open_entry(self, turn: Turn, route: Route, rendered: Rendered | None) -> OpenEntry:
+    def _open_entry(self, turn: Turn, route: Route, rendered: RenderedPrompt | None) -> OpenEntry:
         prompt, cached = self._prompt_tokens(turn, route, rendered)
         return OpenEntry(
             id=turn.response_id,
@@ -368,7 +368,7 @@ class Pipeline:
 
     @staticmethod
     def _usage(
-        turn: Turn, route: Route, rendered: Rendered | None, out: OutputBuilder, engine: EngineUsage | None
+        turn: Turn, route: Route, rendered: RenderedPrompt | None, out: OutputBuilder, engine: EngineUsage | None
     ) -> Usage:
         """``input_tokens`` is the prompt the engine saw (log + generation prompt); ``cached_tokens``
         the prefix reused from the cached log. A warm-up runs no model and uses nothing."""
@@ -456,7 +456,7 @@ class Pipeline:
             logger.exception("could not submit the usage record of %s", turn.response_id)
         return None
 
-    def _observe(self, turn: Turn, rendered: Rendered | None, status: str) -> None:
+    def _observe(self, turn: Turn, rendered: RenderedPrompt | None, status: str) -> None:
         m = self.metrics
         labels = {"transport": turn.transport}
         m.inc(f"responses_{status}_total", labels)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class Rendered:
+class RenderedPrompt:
     log: TokenLog
     fingerprint: bytes
     #: Leading tokens shared with the parent's cached log (reported as ``cached_tokens``).
@@ -41,7 +41,7 @@ def render(
     tools: ToolSet,
     *,
     context_window: int,
-) -> Rendered:
+) -> RenderedPrompt:
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
     try:
@@ -65,7 +65,7 @@ def render(
             code="context_length_exceeded",
             param="input",
         )
-    return Rendered(log, fingerprint, cached, incremental)
+    return RenderedPrompt(log, fingerprint, cached, incremental)
 
 
 def extend_with_output(

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import tiktoken
 
@@ -52,6 +52,9 @@ from .log import (
     find_call,
     relayout,
 )
+
+if TYPE_CHECKING:
+    from .parsing import OutputParser
 
 
 @dataclass
@@ -91,7 +94,16 @@ class Renderer(Protocol):
     def stop_tokens(self) -> tuple[int, ...]: ...
 
     @property
+    def sampling_stop_tokens(self) -> tuple[int, ...]: ...
+
+    @property
     def generation_prompt(self) -> array[int]: ...
+
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser: ...
+
+    def tool_call_prefix(self, name: str | None) -> str: ...
+
+    def end_token(self, tool_call: bool) -> int: ...
 
     def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes: ...
 
@@ -310,6 +322,26 @@ class BaseRenderer(ABC):
     @abstractmethod
     def stop_tokens(self) -> tuple[int, ...]:
         """Token ids that end an assistant turn."""
+
+    @property
+    @abstractmethod
+    def sampling_stop_tokens(self) -> tuple[int, ...]:
+        """The ids to hand an engine as ``stop_token_ids``: where sampling of one turn ends."""
+
+    @abstractmethod
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+        """A parser of this template's sampled text (special tokens visible) into backend
+        events; ``custom_tools``: the request's custom tools, whose calls carry plain text."""
+
+    @abstractmethod
+    def tool_call_prefix(self, name: str | None) -> str:
+        """Text that, appended after the generation prompt, starts a function call (to ``name``,
+        or to any function when ``None``): how an engine honours ``tool_choice``."""
+
+    @abstractmethod
+    def end_token(self, tool_call: bool) -> int:
+        """The stop id that ends a sampled turn (one ending in a tool call when ``tool_call``), to
+        put back when an engine leaves it out of the sampled ids."""
 
     @abstractmethod
     def _generation_prompt(self) -> array[int]:

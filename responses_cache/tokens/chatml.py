@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from typing import TYPE_CHECKING
 
 from ..protocol.items import (
     CustomToolCall,
@@ -49,6 +50,9 @@ _TOOLS_OUTRO = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 
+if TYPE_CHECKING:
+    from .parsing import OutputParser
+
 
 class ChatMLRenderer(BaseRenderer):
     """Renders Responses conversations as ChatML (``<|im_start|>role\\n…<|im_end|>``)."""
@@ -72,6 +76,30 @@ class ChatMLRenderer(BaseRenderer):
     def stop_tokens(self) -> tuple[int, ...]:
         """``<|im_end|>`` and ``<|endoftext|>``."""
         return (self._im_end, self._eot)
+
+    @property
+    def sampling_stop_tokens(self) -> tuple[int, ...]:
+        """``<|im_end|>``."""
+        return (self._im_end,)
+
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+        from .parsing import ChatMLParser
+
+        return ChatMLParser(custom_tools, in_think=self._opens_think)
+
+    def end_token(self, tool_call: bool) -> int:
+        return self._im_end
+
+    def tool_call_prefix(self, name: str | None) -> str:
+        closing = "\n</think>\n\n" if self._opens_think else ""
+        return closing + '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+
+    @property
+    def _opens_think(self) -> bool:
+        """Whether the generation prompt leaves a ``<think>`` block open (thinking templates)."""
+        from .parsing import opens_think
+
+        return opens_think(self.decode(list(self.generation_prompt)))
 
     @property
     def _message_start(self) -> int:

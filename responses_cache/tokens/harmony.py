@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..protocol.items import (
     CustomToolCall,
@@ -50,6 +50,9 @@ from .vocab import load_encoding
 
 DEFAULT_MODEL_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 ReasoningEffort = Literal["low", "medium", "high"]
+
+if TYPE_CHECKING:
+    from .parsing import OutputParser
 
 
 class HarmonyRenderer(BaseRenderer):
@@ -138,6 +141,22 @@ class HarmonyRenderer(BaseRenderer):
     def stop_tokens(self) -> tuple[int, ...]:
         """``<|return|>``, ``<|call|>`` and ``<|end|>`` (openai-harmony's ``stop_tokens()``)."""
         return (self._return, self._call, self._end)
+
+    @property
+    def sampling_stop_tokens(self) -> tuple[int, ...]:
+        """``<|return|>`` and ``<|call|>``: a turn's analysis ends in ``<|end|>`` and goes on."""
+        return (self._return, self._call)
+
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+        from .parsing import HarmonyParser
+
+        return HarmonyParser(custom_tools)
+
+    def end_token(self, tool_call: bool) -> int:
+        return self._call if tool_call else self._return
+
+    def tool_call_prefix(self, name: str | None) -> str:
+        return "<|channel|>commentary to=functions." + (f"{name} <|constrain|>json<|message|>" if name else "")
 
     @property
     def _message_start(self) -> int:

@@ -29,7 +29,6 @@ from cerebras.cloud.sdk import (
 )
 from responses_cache_vllm.decoding import IncrementalDecoder
 from responses_cache_vllm.errors import finish_error, http_error, stream_error
-from responses_cache_vllm.parsing import parser_for
 
 from responses_cache import (
     BackendError,
@@ -47,7 +46,6 @@ from responses_cache import (
 from .messages import split_name, to_messages, to_tool_choice, to_tools
 
 _FINISH = {"stop": "stop", "tool_calls": "stop", "length": "length", "content_filter": "content_filter"}
-_STOPS = {"harmony": ["<|return|>", "<|call|>"], "chatml": ["<|im_end|>"]}
 
 
 class CerebrasBackend:
@@ -118,7 +116,7 @@ class CerebrasBackend:
             )
         renderer = request.prompt.renderer
         prompt = list(request.prompt.tokens())
-        template = "harmony" if renderer.name.startswith("harmony") else "chatml"
+        stops = [renderer.decode([token]) for token in renderer.sampling_stop_tokens]
         max_tokens = self._max_tokens(request, len(prompt))
         kwargs: dict[str, Any] = {}
         if request.temperature is not None:
@@ -128,13 +126,13 @@ class CerebrasBackend:
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
         raw = await self.client.completions.with_raw_response.create(
-            model=self.model, prompt=prompt, stream=True, return_raw_tokens=True, stop=_STOPS[template],
+            model=self.model, prompt=prompt, stream=True, return_raw_tokens=True, stop=stops,
             extra_headers={"X-Request-Id": request.response_id}, **kwargs,
         )
         self._observe(raw.headers)
         stream: Any = await raw.parse()
         customs = frozenset(tool.name for tool in request.tools.customs())
-        parser = parser_for(renderer.name, renderer.decode(list(renderer.generation_prompt)), customs)
+        parser = renderer.output_parser(customs)
         decoder = IncrementalDecoder(renderer.encoding)
         sampled: list[int] | None = []
         reason: str | None = None
@@ -169,7 +167,7 @@ class CerebrasBackend:
             # Text came back, but not one marker of the template: the engine stripped them, and
             # the output cannot be told apart (reasoning, answer, calls). Fail instead of guessing.
             raise BackendError(
-                f"Cerebras returned {self.model}'s text without the {template} markers (and without raw "
+                f"Cerebras returned {self.model}'s text without the {renderer.name} markers (and without raw "
                 "tokens), so it cannot be parsed; use mode 'chat' for this model",
                 "server_error",
             )
@@ -177,13 +175,9 @@ class CerebrasBackend:
         if mapped is None:
             raise BackendError("Cerebras ended the stream without a finish reason", "server_error") if reason is None \
                 else finish_error(reason)
-        if mapped == "stop" and sampled and template == "harmony":
+        if mapped == "stop" and sampled and sampled[-1] not in renderer.sampling_stop_tokens:
             # A stop string is not part of the output: put the marker back for the token log.
-            marker = "<|call|>" if last_kind in (ToolCallStart, ToolCallDelta) else "<|return|>"
-            stop = renderer.encoding.encode_single_token(marker)
-            if sampled[-1] not in (renderer.encoding.encode_single_token("<|call|>"),
-                                   renderer.encoding.encode_single_token("<|return|>")):
-                sampled.append(stop)
+            sampled.append(renderer.end_token(last_kind in (ToolCallStart, ToolCallDelta)))
         yield Finish(reason=mapped, usage=_usage(usage), token_ids=sampled or None)  # type: ignore[arg-type]
 
     def _max_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int | None:

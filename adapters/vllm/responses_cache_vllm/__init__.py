@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from .backend import CompletionsBackend, EngineBackend, HandshakeError
-from .parsing import ChatMLParser, HarmonyParser, parser_for
 from .placement import Replicas, rendezvous
 
 
@@ -43,14 +42,11 @@ def make_sglang_backend(
 
 
 __all__ = [
-    "ChatMLParser",
     "CompletionsBackend",
     "EngineBackend",
     "HandshakeError",
-    "HarmonyParser",
     "Replicas",
     "make_backend",
     "make_sglang_backend",
-    "parser_for",
     "rendezvous",
 ]

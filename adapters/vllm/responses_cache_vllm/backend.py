@@ -39,6 +39,7 @@ from responses_cache import (
     EngineUsage,
     Finish,
     GenerationRequest,
+    Renderer,
     ToolCallStart,
     get_renderer,
 )
@@ -46,7 +47,6 @@ from responses_cache import (
 from .decoding import IncrementalDecoder
 from .dialects import DIALECTS, PREFERENCE, Dialect, Params
 from .errors import RETRYABLE_STATUS, EngineUnavailable, finish_error, http_error
-from .parsing import opens_think, parser_for
 from .placement import Replicas, data_parallel_rank
 
 _FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter"}
@@ -267,7 +267,7 @@ class EngineBackend:
             headers["X-data-parallel-rank"] = str(data_parallel_rank(key, self.data_parallel_size))
         return headers
 
-    def prefill(self, request: GenerationRequest, template: str, generation_prompt: str) -> str:
+    def prefill(self, request: GenerationRequest, renderer: Renderer) -> str:
         """Text appended after the generation prompt to honour ``tool_choice``: a named function
         or ``required`` start the call in the prompt; ``none`` cannot be enforced on a token
         prompt and is refused."""
@@ -283,16 +283,12 @@ class EngineBackend:
                 "(supported: 'auto', 'required', or a named function); leave the tools out instead of 'none'",
                 "unsupported_value",
             )
-        if template.startswith("harmony"):
-            return "<|channel|>commentary to=functions." + (f"{name} <|constrain|>json<|message|>" if name else "")
-        closing = "\n</think>\n\n" if opens_think(generation_prompt) else ""
-        return closing + '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+        return renderer.tool_call_prefix(name)
 
     def _params(self, request: GenerationRequest, prompt: list[int]) -> tuple[Params, list[int], str]:
         assert request.prompt is not None
         renderer = request.prompt.renderer
-        generation_prompt = renderer.decode(list(renderer.generation_prompt))
-        prefill_text = self.prefill(request, renderer.name, generation_prompt)
+        prefill_text = self.prefill(request, renderer)
         prefill = list(renderer.encoding.encode(prefill_text, allowed_special="all")) if prefill_text else []
         ids = prompt + prefill
         max_tokens = request.max_output_tokens
@@ -309,7 +305,7 @@ class EngineBackend:
             model=self.model,
             token_ids=ids,
             max_tokens=max_tokens,
-            stop_token_ids=_stop_ids(renderer),
+            stop_token_ids=list(renderer.sampling_stop_tokens),
             request_id=request.response_id,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -328,7 +324,7 @@ class EngineBackend:
         body = dialect.body(params)
         headers = self.routing(request)
         customs = frozenset(tool.name for tool in request.tools.customs())
-        parser = parser_for(renderer.name, renderer.decode(list(renderer.generation_prompt)), customs)
+        parser = renderer.output_parser(customs)
         outcome = _Outcome(sampled=list(prefill))
         calls = 0
         for event in parser.feed(prefill_text):
@@ -444,9 +440,3 @@ class EngineBackend:
 
 #: The name used before SGLang's tokens-in route and fail-over were added.
 CompletionsBackend = EngineBackend
-
-
-def _stop_ids(renderer: Any) -> list[int]:
-    encoding = renderer.encoding
-    names = ("<|return|>", "<|call|>") if renderer.name.startswith("harmony") else ("<|im_end|>",)
-    return [encoding.encode_single_token(name) for name in names]

@@ -6,10 +6,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from responses_cache_vllm import ChatMLParser, HarmonyParser, parser_for
-from responses_cache_vllm.parsing import opens_think
 
 from responses_cache.backends import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from responses_cache.protocol.items import CustomToolCall
+from responses_cache.protocol.tools import EMPTY_TOOLS
+from responses_cache.tokens import get_renderer
+from responses_cache.tokens.parsing import ChatMLParser, HarmonyParser, opens_think
 
 HARMONY = (
     "<|channel|>analysis<|message|>Need to list files <|end|>"
@@ -83,23 +85,17 @@ def test_any_chunking_gives_the_same_events(data: st.DataObject) -> None:
 
 def test_custom_tool_calls_round_trip_through_both_templates() -> None:
     """What a template renders for a custom tool call parses back to that call (plain-text input)."""
-    from responses_cache_vllm import parser_for
-
-    from responses_cache.protocol.items import CustomToolCall
-    from responses_cache.protocol.tools import EMPTY_TOOLS
-    from responses_cache.tokens import get_renderer
-
     patch = '*** Begin Patch\n+say "hi" {not json}\n*** End Patch'
     call = CustomToolCall(call_id="c", name="apply_patch", input=patch)
     for template in ("harmony", "chatml"):
         renderer = get_renderer(template)
         ids = renderer.extend(renderer.begin(None, EMPTY_TOOLS), [call]).item_tokens(0)
         sampled = renderer.decode(ids[len(renderer.generation_prompt) :])
-        parser = parser_for(renderer.name, custom_tools=frozenset({"apply_patch"}))
+        parser = renderer.output_parser(frozenset({"apply_patch"}))
         events = [*parser.feed(sampled), *parser.close()]
         assert events[0] == ToolCallStart(name="apply_patch", custom=True), template
         assert "".join(e.arguments for e in events[1:] if isinstance(e, ToolCallDelta)) == patch
-        plain = parser_for(renderer.name)  # not declared custom: an ordinary function call
+        plain = renderer.output_parser()  # not declared custom: an ordinary function call
         assert next(iter([*plain.feed(sampled), *plain.close()])) == ToolCallStart(name="apply_patch")
 
 
@@ -111,7 +107,8 @@ def test_chatml_opened_think_in_the_generation_prompt() -> None:
     assert _run(lambda: ChatMLParser(in_think=True), [THINK_OPEN]) == expected
     assert opens_think("<|im_start|>assistant\n<think>\n") and not opens_think("<|im_start|>assistant\n")
     assert not opens_think("<think>\nx\n</think>\n")
-    assert isinstance(parser_for("chatml-cl100k_base", "<|im_start|>assistant\n<think>\n"), ChatMLParser)
+    assert isinstance(get_renderer("harmony").output_parser(), HarmonyParser)
+    assert isinstance(get_renderer("chatml").output_parser(), ChatMLParser)
 
 
 @settings(max_examples=100, deadline=None)

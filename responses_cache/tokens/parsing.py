@@ -2,7 +2,9 @@
 
 The server renders the prompt (harmony or ChatML) and sends token ids; the engine streams text
 with its special tokens visible (``skip_special_tokens: false``). These parsers follow that text
-incrementally and emit reasoning, message text and function calls as they arrive.
+incrementally and emit reasoning, message text, function calls and custom tool calls as they
+arrive. A backend gets the parser of its route's template from the renderer
+(:meth:`~responses_cache.tokens.base.BaseRenderer.output_parser`), never by guessing from names.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Protocol
 
-from responses_cache import (
+from ..backends.base import (
     BackendEvent,
     ReasoningDelta,
     TextDelta,
@@ -193,16 +195,3 @@ class ChatMLParser:
 def opens_think(generation_prompt: str) -> bool:
     """Whether a generation prompt leaves a ``<think>`` block open."""
     return generation_prompt.rfind("<think>") > generation_prompt.rfind("</think>")
-
-
-def parser_for(
-    renderer_name: str, generation_prompt: str = "", custom_tools: frozenset[str] = frozenset()
-) -> OutputParser:
-    """The parser matching the route's prompt template (``generation_prompt``: its text, to
-    know whether the template opened ``<think>`` already; ``custom_tools``: the request's custom
-    tools, whose calls carry plain-text input)."""
-    if renderer_name.startswith("harmony"):
-        return HarmonyParser(custom_tools)
-    if renderer_name.startswith("chatml"):
-        return ChatMLParser(custom_tools, in_think=opens_think(generation_prompt))
-    raise ValueError(f"no output parser for the renderer {renderer_name!r}")
