@@ -1,6 +1,6 @@
 """Per-turn API overhead vs conversation length: HTTP full resend, HTTP previous_response_id, WebSocket mode.
 
-A thin wrapper over ``responses-cache bench --scenarios overhead``; every option of that command works
+A thin wrapper over ``python -m benchmarks.suite --scenarios overhead``; every option of that command works
 here too (``--quick``, ``--out DIR``, ...). See docs/benchmarks.md.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from responses_cache.bench import main
+from benchmarks.suite import main
 
 if __name__ == "__main__":
     sys.exit(main(["--scenarios", "overhead", *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 """1,000 concurrent WebSocket connections with 16k-token contexts: errors, turns/s, cache bytes per token.
 
-A thin wrapper over ``responses-cache bench --scenarios scale``; every option of that command works
+A thin wrapper over ``python -m benchmarks.suite --scenarios scale``; every option of that command works
 here too (``--quick``, ``--out DIR``, ...). See docs/benchmarks.md.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from responses_cache.bench import main
+from benchmarks.suite import main
 
 if __name__ == "__main__":
     sys.exit(main(["--scenarios", "scale", *sys.argv[1:]]))

@@ -1,4 +1,5 @@
-"""The ``responses-cache`` command: ``serve`` (and ``bench``, see :mod:`responses_cache.bench`)."""
+"""The ``responses-cache`` command: ``serve``. (The benchmark suite runs from a source checkout:
+``python -m benchmarks.suite``.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ if TYPE_CHECKING:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError:
+        print("responses-cache: serve needs the server extra: pip install 'responses-cache[server]'", file=sys.stderr)
+        return 2
 
     from .app import ServerConfig, create_app
     from .backends import load_backend
@@ -158,13 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     serve.add_argument("--hot-cache-bytes", type=int, help="the process-wide hot cache's share of the cache budget")
     serve.set_defaults(func=_serve)
-    sub.add_parser("bench", help="benchmark the server over loopback (`responses-cache bench --help`)", add_help=False)
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["bench"]:  # the bench command parses its own options
-        from .bench import main as bench_main
-
-        return bench_main(arguments[1:])
-    args = parser.parse_args(arguments)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     result: int = args.func(args)
     return result
 

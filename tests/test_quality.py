@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
     "command",
     [
         [str(BIN / "ruff"), "check", "responses_cache", "tests", "examples", "benchmarks", "adapters"],
-        [str(BIN / "mypy"), "responses_cache"],
+        [str(BIN / "mypy"), "-p", "responses_cache", "-p", "benchmarks.suite"],
         [str(BIN / "mypy"), "adapters/vllm/responses_cache_vllm"],
         [str(BIN / "mypy"), "adapters/cerebras/responses_cache_cerebras"],
         [str(BIN / "lint-imports")],

@@ -1,4 +1,4 @@
-"""Smoke test of ``responses-cache bench``: every scenario at a tiny size, checking the outputs'
+"""Smoke test of ``python -m benchmarks.suite``: every scenario at a tiny size, checking the outputs'
 shape (never the figures: speed lives in the benchmark itself, not in assertions)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from responses_cache import cli
-from responses_cache.bench import SCENARIOS
-from responses_cache.bench.stats import bucket_of, percentile
+from benchmarks.suite import SCENARIOS
+from benchmarks.suite import main as suite_main
+from benchmarks.suite.stats import bucket_of, percentile
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ TINY = [
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench")
-    code = cli.main(["bench", "--", "--out", str(out), *TINY])
+    code = suite_main(["--out", str(out), *TINY])
     assert code == 0
     return json.loads((out / "results.json").read_text()), out
 
@@ -35,7 +35,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
 def test_writes_json_and_plot(results: tuple[dict[str, Any], Path]) -> None:
     data, out = results
     assert set(SCENARIOS) <= data.keys()
-    assert data["meta"]["command"].startswith("responses-cache bench")
+    assert data["meta"]["command"].startswith("python -m benchmarks.suite")
     assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from responses_cache.bench.redisproc import RedisProcess
+from benchmarks.suite.redisproc import RedisProcess
 
 
 @pytest.fixture(scope="session")

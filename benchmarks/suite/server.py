@@ -10,14 +10,16 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from .footprint import rss_bytes
 from .runner import ServerSpec
 
-# Not ``-m responses_cache.bench.runner``: the package imports the runner first (runpy warns).
-_CHILD = "import sys; from responses_cache.bench.runner import main; sys.exit(main(sys.argv[1:]))"
+# Not ``-m benchmarks.suite.runner``: the package imports the runner first (runpy warns).
+_ROOT = Path(__file__).resolve().parents[2]
+_CHILD = "import sys; from benchmarks.suite.runner import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _forward(stream: IO[str]) -> None:
@@ -52,6 +54,8 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         env = dict(os.environ)
         env.setdefault("PYTHONHASHSEED", "0")
+        # The suite lives in the source tree, not in the wheel: the child imports it from there.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, self.spec.to_json()],
             stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""``responses-cache bench``: the server's benchmarks over loopback (see ``docs/benchmarks.md``).
+"""``python -m benchmarks.suite``: the server's benchmarks over loopback (see ``docs/benchmarks.md``).
 
 Three scenarios, each against a fresh server subprocess on the embedded simulated engine:
 
@@ -33,7 +33,7 @@ SCENARIOS = ("overhead", "rollout", "scale", "tiers")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="responses-cache bench",
+        prog="python -m benchmarks.suite",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -94,7 +94,7 @@ def resolve_renderer(name: str) -> tuple[str | None, str | None]:
     if name.lower() in ("", "none"):
         return None, None
     try:
-        from ..tokens import get_renderer
+        from responses_cache.tokens import get_renderer
 
         get_renderer(name)
     except Exception as exc:
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [
         "--"
-    ]:  # ``responses-cache bench -- --quick`` (argparse.REMAINDER keeps the ``--``)
+    ]:  # ``python -m benchmarks.suite -- --quick`` (argparse.REMAINDER keeps the ``--``)
         argv = argv[1:]
     args = _parser().parse_args(argv)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     results: dict[str, Any] = {
         "meta": {
-            "command": "responses-cache bench " + " ".join(argv),
+            "command": "python -m benchmarks.suite " + " ".join(argv),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "python": platform.python_version(),
             "platform": platform.platform(),

@@ -68,7 +68,7 @@ class _Walker:
 
 def cache_footprint() -> dict[str, Any]:
     """Bytes held by every live connection cache, by category, and the tokens they cache."""
-    from ..session import Session
+    from responses_cache.session import Session
 
     gc.collect()
     sessions = [o for o in gc.get_objects() if isinstance(o, Session)]

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends.simulated import SimulatedConfig
+from responses_cache.backends.simulated import SimulatedConfig
+
 from .agent import MODES, AgentLoop, Mode
 from .clients import TurnTiming
 from .runner import ServerSpec

@@ -1,4 +1,4 @@
-"""The benchmark server process: ``python -m responses_cache.bench.runner SPEC_JSON``.
+"""The benchmark server process: ``python -m benchmarks.suite.runner SPEC_JSON``.
 
 Serves :func:`responses_cache.create_app` on the simulated engine (configured by the spec) on a
 free loopback port, prints ``PORT <n>`` once listening, and adds a few ``/_bench/*`` routes that
@@ -58,8 +58,8 @@ class ServerSpec:
 
 
 def build_app(spec: ServerSpec) -> Any:
-    from ..app import ServerConfig, create_app
-    from ..backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
+    from responses_cache.app import ServerConfig, create_app
+    from responses_cache.backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
 
     engine = SimulatedEngine(
         SimulatedConfig(
@@ -72,7 +72,7 @@ def build_app(spec: ServerSpec) -> Any:
     )
     store = None
     if spec.store is not None:
-        from ..redis_store import RedisResponseStore
+        from responses_cache.redis_store import RedisResponseStore
 
         store = RedisResponseStore(spec.store, snapshots=spec.store_snapshots)
     app = create_app(
