@@ -202,3 +202,25 @@ async def test_ws_late_flag(responses_cache_server_factory: Any, late_flag: str)
             assert response["incomplete_details"] == {"reason": "content_filter"}
         else:
             assert response["error"]["code"] == "content_filter"
+
+
+async def test_ws_blocked_continuation_evicts_its_parent_as_docs_say(responses_cache_server_factory: Any) -> None:
+    """docs/hooks.md: over WebSocket a rejected same-lane continuation evicts its parent, so a
+    ``store: false`` client resends the conversation in full; with ``store: true`` it continues."""
+    server = _gated_server(responses_cache_server_factory, before=True)
+    async with connect(server.ws_url) as ws:
+        for store in (False, True):
+            first = await _ws_turn(ws, {"model": "gated-1", "input": "fine", "store": store})
+            parent = first[-1]["response"]["id"]
+            blocked = await _ws_turn(ws, {"model": "gated-1", "input": KEY, "previous_response_id": parent, "store": store})
+            assert [e["type"] for e in blocked] == ["error"] and blocked[0]["status"] == 400
+            retry = await _ws_turn(ws, {"model": "gated-1", "input": "again", "previous_response_id": parent, "store": store})
+            if store:
+                assert retry[-1]["type"] == "response.completed"
+            else:
+                assert retry[-1]["type"] == "error"
+                assert retry[-1]["error"]["code"] == "previous_response_not_found"
+                history = [{"role": "user", "content": "fine"}, *first[-1]["response"]["output"],
+                           {"role": "user", "content": "again"}]
+                full = await _ws_turn(ws, {"model": "gated-1", "input": history, "store": False})
+                assert full[-1]["type"] == "response.completed"
