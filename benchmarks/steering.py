@@ -110,7 +110,7 @@ def main() -> None:
           f"{args.trials} trials each (medians)")
     for name, label in (("steer", "response.steer"), ("wait", "wait, then create"), ("close", "close, reconnect, create")):
         median = statistics.median(results[name])
-        print(f"  {label:<26} {median * 1000:9.1f} ms   ×{median / steer:7.1f} of steer")
+        print(f"  {label:<26} {median * 1000:9.1f} ms   x{median / steer:7.1f} of steer")
 
 
 if __name__ == "__main__":

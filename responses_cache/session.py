@@ -360,7 +360,11 @@ class Session:
             return
         successor, events = self.steering.finish(pending.response_id, state)
         self._outbox.extend(events)
-        if successor is not None:
+        if successor is not None and self.expired:  # past the connection's lifetime: nothing new starts
+            self._outbox.extend(
+                self.steering.fail(successor.steers, successor.lane, "successor_creation_failed", SUCCESSOR_FAILED)
+            )
+        elif successor is not None:
             self._seq += 1
             # First in line on its lane: the successor continues the target before anything queued.
             self._waiting.appendleft(

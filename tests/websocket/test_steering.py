@@ -366,3 +366,25 @@ async def test_closing_discards_queued_steering(serve: Any, backend: RecordingBa
     await until(lambda: backend.calls[0].outcome != "running", "the target to stop")
     backend.gates.release("g")
     assert len(backend.calls) == 1
+
+
+async def test_the_simulated_engine_is_steered(live_server_factory: Any) -> None:
+    """The default engine (realistic timing): a steer after the first delta of a 2,000-token
+    answer ends it ``steered`` well before its end, and the successor answers."""
+    from responses_cache import SimulatedConfig, SimulatedEngine
+
+    engine = SimulatedEngine(SimulatedConfig(answer_tokens=2000, output_tokens_per_s=2000))
+    server = live_server_factory(backend=engine)
+    async with ws_connect(server.ws_url) as ws:
+        await ws.create(model="sim-1", input="Write a report.")
+        target = (await ws.recv())["response"]["id"]
+        await ws.recv_until(lambda d: d["type"] == "response.output_text.delta")
+        await ws.send(steer(target, "Just the title."))
+        first = await ws.finish()
+        second = await ws.finish()
+    done, successor = first[-1]["response"], second[-1]["response"]
+    assert done["status"] == "incomplete" and done["incomplete_details"] == {"reason": "steered"}
+    assert done["usage"]["output_tokens"] < 2000
+    assert successor["status"] == "completed" and successor["previous_response_id"] == target
+    assert successor["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert engine.requests == 2

@@ -369,3 +369,15 @@ def test_close_discards_steering_state() -> None:
     s.close()
     assert s.steering.active == {} and s.steering.awaiting == {}
     assert turn.response_id == "resp_t" and final.response.id == "resp_t"
+
+
+def test_no_successor_past_the_connection_lifetime() -> None:
+    s = Session("t", SessionConfig(lifetime_s=60), now=0.0)
+    turn = running(s)
+    s.receive(steer("resp_t", "x"))
+    drained(s)
+    s.tick(61.0)
+    s.finished(turn, ended("resp_t"))
+    (failed,) = drained(s)
+    assert failed["type"] == "response.steer.failed" and failed["error"]["code"] == "successor_creation_failed"
+    assert s.startable() == []
