@@ -124,6 +124,7 @@ async def test_steer_mid_answer_ends_target_steered_and_starts_a_successor(serve
     assert successor["status"] == "completed" and successor["previous_response_id"] == target
     assert successor["id"] != target and successor["store"] is False
     assert [c.outcome for c in backend.calls] == ["closed", "finished"]
+    assert server.app.state.metrics.total("responses_steered_total") == 1
     sent = backend.calls[1]
     assert sent.identities() == expected("explain", done, steer_input)
     assert sent.metadata["tag"] == "t"  # the successor inherits the target's settings

@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from wsclient import check_event
 
 from responses_cache.conversation import EMPTY
@@ -381,3 +383,55 @@ def test_no_successor_past_the_connection_lifetime() -> None:
     (failed,) = drained(s)
     assert failed["type"] == "response.steer.failed" and failed["error"]["code"] == "successor_creation_failed"
     assert s.startable() == []
+
+
+# -- invariant (hypothesis) ---------------------------------------------------------------------------
+
+_steers = st.lists(st.tuples(st.booleans(), st.text(min_size=1, max_size=8)), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(submissions=_steers, ending=st.sampled_from(["plain", "calls", "failed"]), limit=st.integers(1, 6))
+def test_every_accepted_steer_is_committed_pending_or_returned_once(
+    submissions: list[tuple[bool, str]], ending: str, limit: int
+) -> None:
+    """Each steer frame gets exactly one answer; every accepted steer then ends in exactly one
+    place — the successor's input (in submission order), a pending event, or a failure that
+    returns its input — never two, never none."""
+    s = Session("t", SessionConfig(max_pending_steers=limit))
+    turn = running(s, stream_id="lane")
+    accepted: list[tuple[str, str]] = []
+    for valid, text in submissions:
+        s.receive(steer("resp_t", text if valid else [{"role": "assistant", "content": text}]))
+        (answer,) = drained(s)
+        if answer["type"] == "response.steer.accepted":
+            assert valid and len(accepted) < limit
+            accepted.append((answer["steer"]["id"], text))
+        else:
+            code = answer["error"]["code"]
+            assert code == ("invalid_input" if not valid else "too_many_pending_steers")
+            assert "id" not in answer["steer"]
+    assert len({i for i, _ in accepted}) == len(accepted) and all(STEER_ID.fullmatch(i) for i, _ in accepted)
+    if ending == "failed":
+        s.finished(turn, None)
+    elif ending == "calls":
+        s.finished(turn, ended("resp_t", "lane", [FunctionCall(call_id="c", name="f", arguments="{}")]))
+    else:
+        s.finished(turn, ended("resp_t", "lane"))
+    events = drained(s)
+    successors = s.startable()
+    if not accepted:
+        assert events == [] and successors == []
+        return
+    if ending == "plain":
+        assert events == []
+        (successor,) = successors
+        assert [st_.id for st_ in successor.steers] == [i for i, _ in accepted]
+        assert text_inputs(successor) == [t for _, t in accepted]
+    elif ending == "calls":
+        assert successors == []
+        assert [(e["type"], e["steer"]["id"]) for e in events] == [("response.steer.pending", i) for i, _ in accepted]
+    else:
+        assert successors == []
+        assert [(e["steer"]["id"], e["steer"]["input"]) for e in events] == accepted
+        assert {e["error"]["code"] for e in events} == {"successor_creation_failed"}
