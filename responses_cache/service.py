@@ -60,6 +60,12 @@ class ResponsesService:
         #: Of those, the ones whose token log came back from the snapshot (no full render).
         self.snapshot_restores = 0
 
+    @property
+    def supports_steering(self) -> bool:
+        """Steering needs the cached parent here: a bridged app continues from its own store,
+        which holds the whole target, not the part generated before the interrupt."""
+        return not self.delegate_misses
+
     def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
         """Decode a request's input and tools (new items only) and give the turn its id."""
         if request.conversation is not None:

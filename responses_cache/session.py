@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from .conversation import Conversation
+from .pipeline.interrupt import Interrupt
 from .protocol import events as ev
 from .protocol.errors import (
     ErrorPayload,
@@ -28,6 +29,7 @@ from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_create
 from .references import ItemIndex
 from .state import ResponseState, rebased
+from .steering import SUCCESSOR_FAILED, Steer, Steering
 from .tokens.key import reusable_prefix
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
@@ -56,6 +58,8 @@ class SessionConfig:
     #: share their history, so this costs little).
     superseded_keep: int = 8
     superseded_grace_s: float = 10.0
+    #: Steering submissions queued per target response (more get ``too_many_pending_steers``).
+    max_pending_steers: int = 16
     limit_message: str = (
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
@@ -79,6 +83,12 @@ class PendingTurn:
     seq: int
     #: When the frame arrived (the caller's clock), for the queue-wait metric.
     received_at: float = 0.0
+    #: The id of the response this turn runs as (set by :meth:`Session.activate`).
+    response_id: str = ""
+    #: Steering input this turn commits (an automatic successor, or a prepended continuation).
+    steers: list[Steer] = field(default_factory=list)
+    #: An automatic successor of a steered response (the client sent no ``response.create``).
+    successor: bool = False
 
 
 class ConnectionCache:
@@ -170,6 +180,7 @@ class Session:
         self.expired = False
         self.close_code: int | None = None
         self._limit_sent = False
+        self.steering = Steering(self.config.max_pending_steers)
 
     # -- input ------------------------------------------------------------------------------------
 
@@ -187,7 +198,7 @@ class Session:
         if kind in _IGNORED:
             return
         if kind == "response.steer":
-            self._steer_unsupported(text)
+            self._outbox.extend(self.steering.submit(text, self.cache.find))
             return
         if kind != "response.create":
             message = "Missing required parameter: 'type'." if kind is None else f"Unsupported event type: '{kind}'."
@@ -263,6 +274,8 @@ class Session:
                 continue
             blocked.add(pending.lane)
             self._waiting.remove(pending)
+            if not pending.successor:
+                pending.request, pending.steers = self.steering.prepend(pending.request, pending.lane)
             self._active_lanes.add(pending.lane)
             self.in_flight += 1
             ready.append(pending)
@@ -314,6 +327,8 @@ class Session:
                 state = dataclasses.replace(state, token_log=None, fingerprint=None)
             self.cache.put(pending.lane, state, now)
             self._enforce_budget()
+        self._steered(pending, state, now)
+        if ok:
             return
         parent = pending.request.previous_response_id
         if parent is None:
@@ -321,6 +336,40 @@ class Session:
         found = self.cache.find(parent, now)
         if found is not None and found[0] == pending.lane:
             self.cache.evict(parent)  # same-lane continuation failed; a cross-lane fork keeps it
+
+    # -- steering (see :mod:`responses_cache.steering`) ----------------------------------------------
+
+    def activate(self, pending: PendingTurn, response_id: str, supported: bool) -> Interrupt | None:
+        """``pending`` runs as ``response_id`` and may be steered until it ends; returns the
+        interrupt the pipeline checks (``None``: this response cannot be steered)."""
+        pending.response_id = response_id
+        return self.steering.activate(response_id, pending.lane, pending.request, supported)
+
+    def rejected(self, pending: PendingTurn, exc: ResponsesError) -> None:
+        """A turn failed before ``response.created``: the client's own request gets the ``error``
+        event; steering input it was to commit comes back as ``response.steer.failed``."""
+        if not pending.successor:
+            self._error(exc, pending.lane)
+        self._outbox.extend(self.steering.fail(pending.steers, pending.lane, "successor_creation_failed", SUCCESSOR_FAILED))
+        pending.steers = []
+
+    def _steered(self, pending: PendingTurn, state: ResponseState | None, now: float) -> None:
+        if pending.steers and state is not None:  # the turn's response.created committed them
+            self.steering.committed_to(pending.steers)
+        if not pending.response_id:
+            return
+        successor, events = self.steering.finish(pending.response_id, state)
+        self._outbox.extend(events)
+        if successor is not None and self.expired:  # past the connection's lifetime: nothing new starts
+            self._outbox.extend(
+                self.steering.fail(successor.steers, successor.lane, "successor_creation_failed", SUCCESSOR_FAILED)
+            )
+        elif successor is not None:
+            self._seq += 1
+            # First in line on its lane: the successor continues the target before anything queued.
+            self._waiting.appendleft(
+                PendingTurn(successor.request, successor.lane, self._seq, now, steers=successor.steers, successor=True)
+            )
 
     def _enforce_budget(self) -> None:
         cfg = self.config
@@ -336,6 +385,7 @@ class Session:
         """The socket closed: drop every piece of connection-local state."""
         self.cache.clear()
         self.items.clear()
+        self.steering.clear()
         self._waiting.clear()
         self._outbox.clear()
         self._active_lanes.clear()
@@ -370,26 +420,3 @@ class Session:
                 stream_id=lane,
             )
         )
-
-    def _steer_unsupported(self, text: str | bytes) -> None:
-        raw = msgspec.json.decode(text)  # already known to be a JSON object
-        target = raw.get("previous_response_id")
-        target = target if isinstance(target, str) else ""
-        found = self.cache.find(target) if target else None
-        self._outbox.append(
-            SteerFailed(
-                # The original input goes back to the client, unchanged; no steer id was allocated.
-                steer={"previous_response_id": target, "input": raw.get("input", "")},
-                error=ErrorPayload(
-                    "invalid_request_error", "steering_not_supported",
-                    "Steering is not supported by this server.", None,
-                ),
-                sequence_number=0,
-                stream_id=found[0] if found is not None else None,
-            )
-        )
-
-
-class SteerFailed(ev.Event, tag="response.steer.failed"):
-    steer: dict[str, Any]
-    error: ErrorPayload

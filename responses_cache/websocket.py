@@ -290,12 +290,12 @@ class _Connection:
         try:
             state = await self._run(pending)
         except ResponsesError as exc:
-            self.session.error(exc, pending.lane)
+            self.session.rejected(pending, exc)
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("turn failed")
-            self.session.error(server_error(), pending.lane)
+            self.session.rejected(pending, server_error())
         finally:
             if not self.closed:
                 self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
@@ -310,6 +310,7 @@ class _Connection:
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
+        turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
         grace_hits = session.cache.grace_hits
         parent = session.resolve(pending, time.monotonic())
         route = self.routes.get(turn.model)

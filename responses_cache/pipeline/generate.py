@@ -48,6 +48,11 @@ class OutputBuilder:
         await self._emit(event)
 
     @property
+    def open_kind(self) -> str | None:
+        """The kind of the item being streamed (``None`` between items)."""
+        return self._kind
+
+    @property
     def index(self) -> int:
         return len(self.output)
 

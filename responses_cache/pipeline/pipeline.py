@@ -19,7 +19,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from ..backends.base import BackendError, EngineUsage, Finish, GenerationRequest, Prompt
+from ..backends.base import (
+    BackendError,
+    EngineUsage,
+    Finish,
+    GenerationRequest,
+    Prompt,
+    ReasoningDelta,
+)
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
@@ -27,7 +34,7 @@ from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError
-from ..protocol.items import Item, WireItem
+from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..references import ItemIndex
 from ..routing import Route
@@ -36,6 +43,7 @@ from ..store import ResponseStore, StoredResponse
 from ..tokens.snapshot import delta
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner
+from .interrupt import Interrupt
 from .render import RenderedPrompt, extend_with_output, render
 from .turn import Turn
 from .validate import Validator
@@ -54,6 +62,23 @@ def renumbered(exc: ResponsesError, reused: int) -> ResponsesError:
         return exc
     exc.param = f"input[{int(m.group(1)) + reused}]{param[m.end():]}"
     return exc
+
+
+def steerable_boundary(out: OutputBuilder, event: object) -> bool:
+    """May steering stop the response before ``event``?
+
+    A text message is cut where it is (its text so far is kept). Reasoning and tool calls are
+    finished first, and a response that has called a client-owned tool is never cut: it ends
+    waiting for the tool's output, and the steering input waits for the client's continuation.
+    """
+    if any(isinstance(item, (FunctionCall, CustomToolCall)) for item in out.output):
+        return False
+    kind = out.open_kind
+    if kind == "message" or kind is None:
+        return True
+    if kind == "reasoning":
+        return not isinstance(event, ReasoningDelta)  # the next item starts: reasoning is done
+    return False  # inside a tool call
 
 
 class UsageSubmitter(Protocol):
@@ -163,7 +188,7 @@ class Pipeline:
             if request.generate:
                 generation = self._generation_request(turn, route, rendered, input_context)
                 late_flag, alongside_state, finish = await self._generate(
-                    route, generation, out, ctx, items, parent, turn.response_id
+                    route, generation, out, ctx, items, parent, turn.response_id, turn.interrupt
                 )
                 engine_usage = finish.usage if finish else None
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
@@ -176,6 +201,11 @@ class Pipeline:
                     status, error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
                 else:
                     status, incomplete = "incomplete", IncompleteDetails("content_filter")
+            elif turn.interrupt is not None and turn.interrupt.taken:
+                # A message cut by steering is incomplete; reasoning it stopped after is complete.
+                await out.close("incomplete" if out.open_kind == "message" else "completed")
+                status, incomplete = "incomplete", IncompleteDetails("steered")
+                self.metrics.inc("responses_steered_total", {"transport": turn.transport})
             elif finish is not None and finish.reason in ("length", "content_filter"):
                 await out.close("incomplete")
                 reason = "max_output_tokens" if finish.reason == "length" else "content_filter"
@@ -289,8 +319,10 @@ class Pipeline:
         items: list[Item],
         parent: ResponseState | None,
         response_id: str,
+        interrupt: Interrupt | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
-        """Stream the backend; alongside hooks run concurrently and a flag stops generation."""
+        """Stream the backend; alongside hooks run concurrently and a flag stops generation, as
+        does steering (``interrupt``) at the next safe boundary."""
         hooks = self.hooks
         watcher: asyncio.Task[tuple[Flag | None, dict[str, Any]]] | None = None
         if hooks.alongside:
@@ -328,6 +360,9 @@ class Pipeline:
                 if isinstance(event, Finish):
                     finish = event
                     break
+                if interrupt is not None and interrupt.requested and steerable_boundary(out, event):
+                    interrupt.taken = True
+                    break  # closing the stream below aborts the engine's request
                 await out.feed(event)
                 if journal is not None and (
                     len(out.output) != marked_items or out.output_tokens - marked_tokens >= MARK_EVERY_TOKENS

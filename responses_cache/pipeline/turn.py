@@ -8,6 +8,7 @@ from typing import Literal
 from ..protocol.items import Item
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
+from .interrupt import Interrupt
 
 Transport = Literal["http", "websocket"]
 
@@ -33,6 +34,8 @@ class Turn:
     conversation_key: str = ""
     #: An unknown parent delegated to the backend's own store (see ``GenerationRequest``).
     delegated_parent: str | None = None
+    #: Raised by the WebSocket session when steering input waits for this response.
+    interrupt: Interrupt | None = None
 
     @property
     def model(self) -> str:

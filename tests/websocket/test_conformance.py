@@ -5,9 +5,8 @@ validated strictly against the SDK's types (``wsclient.check_event``). A recordi
 (``backends.RecordingBackend``) shows what generation received, and its gates hold responses open
 so that queueing, interleaving and cancellation are asserted from event order, never from time.
 
-Items 37-41 (steering) do not apply: steering is not supported, and ``response.steer`` is answered
-with ``response.steer.failed`` code ``steering_not_supported`` (tested below). Item 42 (HTTP 426
-without WebSocket mode) does not apply: this server has WebSocket mode.
+Items 37-41 (steering) are in test_steering.py.
+Item 42 (HTTP 426 without WebSocket mode) does not apply: this server has WebSocket mode.
 """
 
 from __future__ import annotations
@@ -861,25 +860,3 @@ def test_the_event_validator_is_strict() -> None:
             check_event(event)
 
 
-# -- 37-41: steering (not supported) -------------------------------------------------------------------
-
-
-async def test_steering_is_refused_as_not_supported(serve: Any) -> None:
-    """Items 37-41 do not apply (no steering); ``response.steer`` gets ``response.steer.failed`` with
-    ``steering_not_supported``, the original input back, and the target's lane."""
-    server = serve()
-    async with ws_connect(server.ws_url) as ws:
-        target = await ws.ok(input="hi", stream_id="agent", store=False)
-        steer_input = [{"type": "message", "role": "user", "content": "keep it short"}]
-        await ws.send({"type": "response.steer", "previous_response_id": target["id"], "input": steer_input})
-        failed = await ws.recv()
-        await ws.send({"type": "response.steer", "previous_response_id": "resp_elsewhere", "input": "x"})
-        other = await ws.recv()
-        await ws.ok(input="still works", stream_id="agent", previous_response_id=target["id"], store=False)
-    assert failed["type"] == "response.steer.failed" and failed["stream_id"] == "agent"
-    assert failed["error"] == {
-        "type": "invalid_request_error", "code": "steering_not_supported",
-        "message": "Steering is not supported by this server.", "param": None,
-    }
-    assert failed["steer"] == {"previous_response_id": target["id"], "input": steer_input}
-    assert other["type"] == "response.steer.failed" and "stream_id" not in other

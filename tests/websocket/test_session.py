@@ -240,27 +240,6 @@ def test_too_many_queued_creates_are_rate_limited() -> None:
     assert err["status"] == 429 and err["error"]["code"] == "rate_limit_exceeded"
 
 
-def test_steer_is_answered_with_steering_not_supported() -> None:
-    s = Session("t")
-    s.receive(json.dumps({"type": "response.steer", "previous_response_id": "resp_1", "input": "shorter"}))
-    (failed,) = drained(s)
-    assert failed["type"] == "response.steer.failed"
-    assert failed["error"]["code"] == "steering_not_supported"
-    assert failed["error"]["type"] == "invalid_request_error"
-    assert failed["steer"]["input"] == "shorter" and failed["steer"]["previous_response_id"] == "resp_1"
-    assert "id" not in failed["steer"]
-
-
-def test_steer_failed_carries_the_target_lane() -> None:
-    s = Session("t")
-    s.finished(pending(s, stream_id="agent"), state("resp_1", "agent"))
-    s.receive(json.dumps({"type": "response.steer", "previous_response_id": "resp_1", "input": [{"type": "message", "role": "user", "content": "x"}]}))
-    s.receive(json.dumps({"type": "response.steer"}))  # malformed: still answered, still valid
-    lane, malformed = drained(s)
-    assert lane["stream_id"] == "agent" and lane["steer"]["input"] == [{"type": "message", "role": "user", "content": "x"}]
-    assert "stream_id" not in malformed and malformed["error"]["code"] == "steering_not_supported"
-
-
 # -- lifetime ---------------------------------------------------------------------------------------
 
 
