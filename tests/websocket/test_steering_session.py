@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wsclient import check_event
 
+from responses_cache.bridge import bridge_service
 from responses_cache.conversation import EMPTY
 from responses_cache.protocol.codec import encode
 from responses_cache.protocol.errors import invalid_request
@@ -20,7 +21,6 @@ from responses_cache.protocol.items import CustomToolCall, FunctionCall, Item, M
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS
-from responses_cache.service import bridge_service
 from responses_cache.session import PendingTurn, Session, SessionConfig
 from responses_cache.state import ResponseState, open_calls_after
 
@@ -189,7 +189,7 @@ def test_completed_and_not_active_targets() -> None:
 
 def test_steering_not_supported() -> None:
     """A service without steering (the bridge), or a response with automatic compaction."""
-    assert not bridge_service(object()).supports_steering  # type: ignore[arg-type]
+    assert not bridge_service(object()).core.supports_steering  # type: ignore[arg-type]
     s = Session("t")
     running(s, "resp_a", supported=False)
     running(s, "resp_b", stream_id="b", context_management=[{"type": "compaction", "compact_threshold": 1000}])
