@@ -27,8 +27,6 @@ from cerebras.cloud.sdk import (
     APIStatusError,
     AsyncCerebras,
 )
-from responses_cache_vllm.decoding import IncrementalDecoder
-from responses_cache_vllm.errors import finish_error, http_error, stream_error
 
 from responses_cache import (
     BackendError,
@@ -42,6 +40,7 @@ from responses_cache import (
     ToolCallDelta,
     ToolCallStart,
 )
+from responses_cache.engines import IncrementalDecoder, finish_error, http_error, stream_error
 
 from .messages import split_name, to_messages, to_tool_choice, to_tools
 

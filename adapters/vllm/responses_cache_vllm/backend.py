@@ -43,10 +43,15 @@ from responses_cache import (
     ToolCallStart,
     get_renderer,
 )
+from responses_cache.engines import (
+    RETRYABLE_STATUS,
+    EngineUnavailable,
+    IncrementalDecoder,
+    finish_error,
+    http_error,
+)
 
-from .decoding import IncrementalDecoder
 from .dialects import DIALECTS, PREFERENCE, Dialect, Params
-from .errors import RETRYABLE_STATUS, EngineUnavailable, finish_error, http_error
 from .placement import Replicas, data_parallel_rank
 
 _FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter"}

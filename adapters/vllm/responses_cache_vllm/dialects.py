@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import stream_error
+from responses_cache.engines import stream_error
 
 
 @dataclass(frozen=True, slots=True)

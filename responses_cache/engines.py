@@ -1,27 +1,48 @@
-"""Engine failures mapped to the error codes clients act on.
+"""What adapters for OpenAI-compatible inference engines share (a public module).
 
-* HTTP 400 about the context length -> ``context_length_exceeded``;
-* 429 -> ``rate_limit_exceeded`` with the engine's retry hint (``Retry-After``);
-* 502/503/504 and refused connections -> retryable: another replica is tried, as long as no
-  token has been streamed yet;
-* an error chunk mid-stream, a finish reason ``abort``/``error``/``repetition`` -> a failed
-  response (``server_error``), never a normal stop.
+* :class:`IncrementalDecoder`: sampled ids decoded locally with the renderer's encoding, holding
+  incomplete UTF-8 back until the rest of the character arrives (token boundaries do not fall on
+  character boundaries).
+* Engine failures mapped to the error codes clients act on:
+
+  * HTTP 400 about the context length -> ``context_length_exceeded``;
+  * 429 -> ``rate_limit_exceeded`` with the engine's retry hint (``Retry-After``);
+  * 502/503/504 and refused connections -> retryable: another replica is tried, as long as no
+    token has been streamed yet;
+  * an error chunk mid-stream, a finish reason ``abort``/``error``/``repetition`` -> a failed
+    response (``server_error``), never a normal stop.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from responses_cache import BackendError
+from .backends.base import BackendError
 
 _CONTEXT = re.compile(
     r"context length|context window|maximum context|max_model_len|too long|prompt is too long|exceeds the max",
     re.IGNORECASE,
 )
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+
+
+class IncrementalDecoder:
+    """``feed(ids)`` returns the text those ids complete; ``close()`` what is left."""
+
+    def __init__(self, encoding: Any) -> None:
+        self._encoding = encoding
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: Sequence[int]) -> str:
+        data: bytes = self._encoding.decode_bytes(list(ids))
+        return str(self._utf8.decode(data))
+
+    def close(self) -> str:
+        return str(self._utf8.decode(b"", final=True))
 
 
 class EngineUnavailable(Exception):
