@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from .protocol import events as ev
+from .protocol.codec import too_deep
 from .protocol.errors import (
     ErrorPayload,
     ResponsesError,
@@ -128,7 +129,7 @@ class Session:
         """One client text frame (``now``: the caller's clock, kept for the queue-wait metric)."""
         try:
             probe = _probe.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             self._error(invalid_request("The message is not a valid JSON object.", None, "invalid_json"), None)
             return
         kind = probe.type
@@ -316,7 +317,11 @@ class Session:
         )
 
     def _steer_unsupported(self, text: str | bytes) -> None:
-        raw = msgspec.json.decode(text)  # already known to be a JSON object
+        try:
+            raw = msgspec.json.decode(text)  # already known to be a JSON object
+        except RecursionError:
+            self._error(too_deep(), None)
+            return
         target = raw.get("previous_response_id")
         target = target if isinstance(target, str) else ""
         found = self.cache.find(target) if target else None

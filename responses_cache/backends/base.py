@@ -67,6 +67,10 @@ class GenerationRequest:
     #: keeps its own response store (the bridge to a wrapped app); ``conversation`` is then just
     #: the new input.
     previous_response_id: str | None = None
+    #: The tenant the request belongs to ("" when the server has no authentication).
+    tenant: str = ""
+    #: Partitions the engine's prefix cache (vLLM/SGLang ``cache_salt``); set per tenant by default.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.items import Item
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..protocol.tools import tool_cache
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
@@ -166,6 +167,8 @@ class Pipeline:
             conversation_key=turn.conversation_key,
             total_bytes=(parent.total_bytes if parent else 0) + sum(len(msgspec.json.encode(i)) for i in own_items),
         )
+        if status != "failed":
+            tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
         if request.store and self.store is not None and status != "failed":
             # A full-input request matched against the cache has no previous_response_id: store the
             # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
