@@ -147,12 +147,12 @@ def unsupported_item(kind: str, index: int) -> ResponsesError:
 def _probe(element: msgspec.Raw | bytes, index: int) -> dict[str, Any]:
     try:
         head = _type_probe.decode(element)
-    except msgspec.DecodeError:
-        raise not_json(f"input[{index}]") from None
-    except (msgspec.ValidationError, RecursionError):
+    except (msgspec.ValidationError, RecursionError):  # ValidationError first: it is a DecodeError
         raise invalid_request(
             f"Invalid type for 'input[{index}]': expected an object.", f"input[{index}]", "invalid_type"
         ) from None
+    except msgspec.DecodeError:
+        raise not_json(f"input[{index}]") from None
     return head
 
 
