@@ -37,7 +37,14 @@ class SessionConfig:
     max_in_flight: int = 16
     max_named_lanes: int = 32
     max_queued: int = 1024
+    #: Bytes of request frames held by this connection's accepted, unfinished turns (queued or
+    #: running). A frame that would pass it gets a 429 ``error`` (a frame alone on an idle
+    #: connection is always admitted, up to the message size limit).
+    max_queued_bytes: int = 64 * 1024 * 1024
     lifetime_s: float = 3600.0
+    #: After the lifetime, turns still running may finish for this long; then the connection is
+    #: aborted and its state freed, whatever its writes are doing.
+    lifetime_grace_s: float = 60.0
     #: Per-connection cache budget: items and bytes held by the cached conversations.
     max_cached_items: int = 262_144
     max_cached_bytes: int = 256 * 1024 * 1024
@@ -48,6 +55,31 @@ class SessionConfig:
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
     )
+
+
+class InputBudget:
+    """The process-wide byte budget for request frames held by accepted, unfinished turns, shared
+    by every connection's :class:`Session` (sans-I/O: a counter, no locks, one event loop)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self.max_bytes = max_bytes
+        self.held = 0
+        #: The most ever held at once, and how many frames were refused.
+        self.peak = 0
+        self.refusals = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.max_bytes:
+            self.refusals += 1
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def release(self, size: int) -> None:
+        self.held -= size
 
 
 class _Probe(msgspec.Struct):
@@ -67,6 +99,8 @@ class PendingTurn:
     seq: int
     #: When the frame arrived (the caller's clock), for the queue-wait metric.
     received_at: float = 0.0
+    #: Bytes of the frame it holds (charged to the input budgets until the turn finishes).
+    size: int = 0
 
 
 class ConnectionCache:
@@ -108,13 +142,19 @@ def _total_bytes(state: ResponseState) -> int:
 
 
 class Session:
-    def __init__(self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0) -> None:
+    def __init__(
+        self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0, input_budget: InputBudget | None = None
+    ) -> None:
         self.tenant = tenant
+        self.input_budget = input_budget
+        #: Bytes of frames held by this connection's accepted, unfinished turns.
+        self.queued_bytes = 0
         self.config = config or SessionConfig()
         self.cache = ConnectionCache()
         self.deadline = now + self.config.lifetime_s
         self._outbox: list[ev.Event] = []
         self._waiting: deque[PendingTurn] = deque()
+        self._running: dict[int, PendingTurn] = {}
         self._active_lanes: set[str | None] = set()
         self._named_lanes: set[str] = set()
         self._seq = 0
@@ -187,8 +227,34 @@ class Session:
                 lane,
             )
             return
+        size = len(text)
+        if not self._admit(size):
+            self._error(
+                ResponsesError(
+                    "Too much request input is waiting on this connection (or on this server); "
+                    "wait for responses to finish before sending more.",
+                    status=429, type="rate_limit_error", code="rate_limit_exceeded",
+                ),
+                lane,
+            )
+            return
         self._seq += 1
-        self._waiting.append(PendingTurn(request, lane, self._seq, now))
+        self._waiting.append(PendingTurn(request, lane, self._seq, now, size))
+
+    def _admit(self, size: int) -> bool:
+        """Charge a frame to the per-connection and process-wide input budgets."""
+        if self.queued_bytes and self.queued_bytes + size > self.config.max_queued_bytes:
+            return False
+        if self.input_budget is not None and not self.input_budget.take(size):
+            return False
+        self.queued_bytes += size
+        return True
+
+    def _release(self, pending: PendingTurn) -> None:
+        self.queued_bytes -= pending.size
+        if self.input_budget is not None:
+            self.input_budget.release(pending.size)
+        pending.size = 0
 
     def tick(self, now: float) -> None:
         """Advance the clock: past the deadline, refuse new work and close once idle."""
@@ -196,6 +262,7 @@ class Session:
             self.expired = True
             for pending in self._waiting:
                 self._limit_reached(pending.lane)
+                self._release(pending)
             self._waiting.clear()
         if self.expired and self.in_flight == 0 and self.close_code is None:
             if not self._limit_sent:  # the client has not been told yet: tell it before closing
@@ -217,6 +284,7 @@ class Session:
             self._waiting.remove(pending)
             self._active_lanes.add(pending.lane)
             self.in_flight += 1
+            self._running[pending.seq] = pending
             ready.append(pending)
         return ready
 
@@ -254,6 +322,8 @@ class Session:
         """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed."""
         self.in_flight -= 1
         self._active_lanes.discard(pending.lane)
+        self._running.pop(pending.seq, None)
+        self._release(pending)
         ok = state is not None and state.response.status != "failed"
         if ok:
             assert state is not None
@@ -281,7 +351,10 @@ class Session:
     def close(self) -> None:
         """The socket closed: drop every piece of connection-local state."""
         self.cache.clear()
+        for pending in [*self._waiting, *self._running.values()]:
+            self._release(pending)
         self._waiting.clear()
+        self._running.clear()
         self._outbox.clear()
         self._active_lanes.clear()
         self._named_lanes.clear()

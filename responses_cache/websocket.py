@@ -9,7 +9,11 @@ lifespan, other WebSocket paths) through untouched. Each connection runs three k
 * one **writer** draining a bounded outbound queue to the socket.
 
 A disconnect cancels every in-flight turn (the backend sees the cancellation) and frees the
-connection's state.
+connection's state. So does a peer that stops reading: every write has a timeout
+(``write_timeout_s``), after which the connection is aborted, and the lifetime is enforced even
+while writes are blocked (``SessionConfig.lifetime_grace_s`` after the deadline, the connection is
+aborted whatever it is doing). Request frames held by unfinished turns are charged to a
+per-connection and a process-wide byte budget (:class:`~.session.InputBudget`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from .protocol.errors import (
 )
 from .routing import RouteCache
 from .service import ResponsesService, bridge_service
-from .session import PendingTurn, Session, SessionConfig
+from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
 logger = logging.getLogger("responses_cache.websocket")
@@ -64,6 +68,8 @@ class WebSocketMode:
         outbound_queue: int = 1024,
         metrics: Metrics | None = None,
         process_cache_bytes: int | None = 4 * 1024**3,
+        process_input_bytes: int | None = 1024**3,
+        write_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         if service is None:
@@ -80,6 +86,12 @@ class WebSocketMode:
         self.metrics = metrics or NullMetrics()
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
         self.budget = CacheBudget(process_cache_bytes) if process_cache_bytes else None
+        #: The process-wide cap on request frames held by unfinished turns (``None``: per connection only).
+        self.input_budget = InputBudget(process_input_bytes) if process_input_bytes else None
+        #: A write (an event, the close frame) that takes longer aborts the connection.
+        self.write_timeout_s = write_timeout_s
+        #: Connections aborted because a write timed out or the lifetime grace ran out.
+        self.aborted = 0
         self.connections = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,7 +131,7 @@ class _Connection:
         self.ws = websocket
         self._asgi_send = send
         self.service = mode.service
-        self.session = Session(tenant, mode.config, now=time.monotonic())
+        self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         self.routes = RouteCache(self.service.router, tenant)
@@ -132,59 +144,99 @@ class _Connection:
         self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
         self.closed = False
+        self._reader: asyncio.Task[tuple[int, bool]] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._aborted = False
+        #: When the write in progress started (``None``: no write in progress).
+        self._write_started: float | None = None
 
     async def run(self) -> None:
-        writer = asyncio.ensure_future(self._writer())
+        writer = self._writer_task = asyncio.ensure_future(self._writer())
         lifetime = asyncio.ensure_future(self._lifetime())
-        close_code = 1000
-        disconnected = False
+        watchdog = asyncio.ensure_future(self._watchdog())
+        reader = self._reader = asyncio.ensure_future(self._read())
+        close_code, disconnected = 1000, False
         try:
-            while True:
-                message = await self.ws.receive()
-                kind = message["type"]
-                if kind == "websocket.disconnect":
-                    disconnected = True
-                    break
-                text = message.get("text")
-                if text is None:
-                    close_code = 1003  # binary frames are not part of the protocol
-                    break
-                if len(text) > self.mode.max_message_bytes:
-                    close_code = 1009
-                    break
-                self.session.receive(text, time.perf_counter())
-                del message, text  # a decoded frame must not outlive its turn (memory per connection)
-                await self._pump()
-                if self.session.close_code is not None:
-                    break
+            close_code, disconnected = await reader
+        except asyncio.CancelledError:
+            if not self._aborted:  # cancelled from outside (server shutdown): still clean up
+                reader.cancel()
+                raise
+            disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
             self.closed = True
             lifetime.cancel()
+            watchdog.cancel()
             for task in list(self.turns):
                 task.cancel()
             # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
-            await asyncio.gather(lifetime, *self.turns, return_exceptions=True)
+            await asyncio.gather(lifetime, watchdog, *self.turns, return_exceptions=True)
             self.session.close()
             if self.mode.budget is not None:
                 self.mode.budget.forget(self.session)
             if self.session.close_code is not None:
                 close_code = self.session.close_code
-            if disconnected:
+            if disconnected or self._aborted:
                 writer.cancel()  # nobody to flush to
+                self._discard_outbound()
             else:
                 await self.outbound.put(None)  # the writer never stops reading before this
             with contextlib.suppress(BaseException):
                 await writer
-            if not disconnected:
+            if not disconnected and self._usable:
                 with contextlib.suppress(Exception):
-                    await self.ws.close(close_code)
+                    await asyncio.wait_for(self.ws.close(close_code), self.mode.write_timeout_s)
+
+    async def _read(self) -> tuple[int, bool]:
+        """Feed frames to the session until the peer leaves or the session closes:
+        ``(close code, whether the peer disconnected)``."""
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return 1000, True
+            text = message.get("text")
+            if text is None:
+                return 1003, False  # binary frames are not part of the protocol
+            if len(text) > self.mode.max_message_bytes:
+                return 1009, False
+            self.session.receive(text, time.perf_counter())
+            del message, text  # a decoded frame must not outlive its turn (memory per connection)
+            await self._pump()
+            if self.session.close_code is not None:
+                return 1000, False
+
+    def _abort(self) -> None:
+        """A stuck peer: stop writing, cancel every turn and the reader; :meth:`run` frees the state."""
+        if self._aborted:
+            return
+        self._aborted = True
+        self._usable = False
+        self.mode.aborted += 1
+        for task in self.turns:
+            task.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+        self._discard_outbound()  # wakes anything waiting to queue an event
+
+    def _discard_outbound(self) -> None:
+        while not self.outbound.empty():
+            self.outbound.get_nowait()
 
     async def _lifetime(self) -> None:
-        """At the connection's deadline, tell the session (which refuses new work and closes)."""
+        """At the connection's deadline, tell the session (which refuses new work and closes once
+        idle); if the connection is still there after the grace period, abort it."""
         deadline = self.session.deadline
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         self.session.tick(max(time.monotonic(), deadline))
-        await self._pump()
+        grace = asyncio.ensure_future(asyncio.sleep(self.mode.config.lifetime_grace_s))
+        try:
+            await self._pump()  # may wait on a blocked write (bounded by the write timeout)
+            await grace
+        finally:
+            grace.cancel()
+        self._abort()
 
     async def _pump(self) -> None:
         """Send the session's errors, start what may start, and close when the session says so."""
@@ -220,12 +272,27 @@ class _Connection:
     async def _write(self, data: bytes) -> None:
         if not self._usable:
             return
+        self._write_started = time.monotonic()  # the watchdog aborts a write that never returns
         try:
             await self._asgi_send({"type": "websocket.send", "text": data.decode()})
         except Exception:  # the peer went away: stop generating for it
             self._usable = False
             for task in self.turns:
                 task.cancel()
+        finally:
+            self._write_started = None
+
+    async def _watchdog(self) -> None:
+        """Abort the connection when one write (an event, the close frame) has been waiting on the
+        peer for longer than ``write_timeout_s``: one timer per connection, nothing per write."""
+        timeout = self.mode.write_timeout_s
+        while True:
+            await asyncio.sleep(timeout / 4)
+            started = self._write_started
+            if started is not None and time.monotonic() - started > timeout:
+                logger.info("a write waited on the peer for over %ss: aborting the connection", timeout)
+                self._abort()
+                return
 
     async def _writer(self) -> None:
         """Drains the outbound queue until ``None``. It keeps draining after the socket broke or was
@@ -238,8 +305,13 @@ class _Connection:
                 if data is _CLOSE:
                     if self._usable:
                         self._usable = False
-                        with contextlib.suppress(Exception):
+                        self._write_started = time.monotonic()
+                        try:
                             await self.ws.close(self.session.close_code or 1000)
+                        except Exception:
+                            pass
+                        finally:
+                            self._write_started = None
                 else:
                     await self._write(data)
                 self._queued -= 1
