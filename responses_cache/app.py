@@ -85,6 +85,7 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
         try:
             yield
         finally:
+            pipeline.close()
             stop = getattr(billing, "stop", None)
             if stop is not None:
                 await stop()

@@ -10,7 +10,9 @@ with ``response.failed`` (the returned state then has status ``failed``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner
-from .render import Rendered, extend_with_output, render
+from .render import Rendered, extend_with_output, render, text_chars
 from .turn import Turn
 from .validate import Validator
 
@@ -52,7 +54,14 @@ class Pipeline:
         billing: UsageSubmitter | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        offload_chars: int = 64 * 1024,
+        tokenizer_threads: int = 2,
     ) -> None:
+        #: Renders that tokenize at least this many characters run on a worker thread.
+        self.offload_chars = offload_chars
+        #: Worker threads for those renders (more wait their turn, off the event loop).
+        self.tokenizer_threads = tokenizer_threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.store = store
         self.hooks = hooks or HookRunner()
         self.validator = validator or Validator()
@@ -86,10 +95,17 @@ class Pipeline:
         context = parent.conversation if parent else EMPTY
         rendered: Rendered | None = None
         if route.renderer is not None:
-            rendered = render(
-                route.renderer, parent, context, items, request.instructions, turn.tools,
+            call = functools.partial(
+                render, route.renderer, parent, context, items, request.instructions, turn.tools,
                 context_window=route.context_window,
             )
+            if self._render_size(parent, items) >= self.offload_chars:
+                # A large tokenization runs on a worker thread (tiktoken releases the GIL), so one
+                # client's huge prompt does not stall every other connection on this event loop.
+                self.metrics.inc("renders_offloaded_total", {"transport": turn.transport})
+                rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+            else:
+                rendered = call()
         t2 = time.perf_counter()
         timings["render"] = t2 - t1
 
@@ -187,6 +203,28 @@ class Pipeline:
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
+
+    def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.tokenizer_threads, thread_name_prefix="responses-cache-render"
+            )
+        return self._executor
+
+    def close(self) -> None:
+        """Stop the tokenizer threads (idle ones exit at once; running renders finish)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    @staticmethod
+    def _render_size(parent: ResponseState | None, items: list[Item]) -> int:
+        """Characters a render will tokenize, about: the new items, plus the whole history when the
+        parent has no token log to extend (a full render)."""
+        size = text_chars(items)
+        if parent is not None and parent.token_log is None:
+            size += parent.total_bytes
+        return size
 
     @staticmethod
     def _generation_request(

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from ..conversation import Conversation
 from ..protocol.errors import ResponsesError, invalid_request
-from ..protocol.items import Item
+from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, content_texts
 from ..protocol.tools import ToolSet
 from ..state import ResponseState
+from ..tokens.base import max_token_bytes
 from ..tokens.errors import RenderError
 
 if TYPE_CHECKING:
@@ -44,6 +45,12 @@ def render(
 ) -> Rendered:
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
+    # Reject what cannot fit before tokenizing it: no token is longer than the vocabulary's longest
+    # byte string, so ``characters / that length`` tokens is a floor, and a known parent log counts exactly.
+    known = parent.token_log.num_tokens if incremental_attempt and parent is not None and parent.token_log is not None else 0
+    floor = known + text_chars(items) // max_token_bytes(renderer.encoding)
+    if floor > context_window:
+        raise _too_long(context_window, floor, at_least=True)
     try:
         if incremental_attempt:
             assert parent is not None and parent.token_log is not None
@@ -59,13 +66,32 @@ def render(
         param = f"input[{index}].{exc.param}" if index >= 0 else "input"
         raise invalid_request(exc.message, param, "unsupported_value") from None
     if log.num_tokens > context_window:
-        raise ResponsesError(
-            f"This model's maximum context length is {context_window} tokens. However, your "
-            f"messages resulted in {log.num_tokens} tokens. Please reduce the length of the messages.",
-            code="context_length_exceeded",
-            param="input",
-        )
+        raise _too_long(context_window, log.num_tokens, at_least=False)
     return Rendered(log, fingerprint, cached, incremental)
+
+
+def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesError:
+    return ResponsesError(
+        f"This model's maximum context length is {context_window} tokens. However, your "
+        f"messages resulted in {'at least ' if at_least else ''}{tokens} tokens. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+        param="input",
+    )
+
+
+def text_chars(items: Sequence[Item]) -> int:
+    """Characters of text the items carry (what rendering them tokenizes, structure aside)."""
+    total = 0
+    for item in items:
+        if isinstance(item, Message):
+            total += sum(map(len, content_texts(item.content)))
+        elif isinstance(item, FunctionCall):
+            total += len(item.arguments) + len(item.name)
+        elif isinstance(item, FunctionCallOutput):
+            total += sum(map(len, content_texts(item.output)))
+        else:
+            total += sum(len(s.text) for s in item.summary) + sum(len(c.text) for c in item.content or ())
+    return total
 
 
 def extend_with_output(

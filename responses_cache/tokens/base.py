@@ -142,6 +142,18 @@ def is_assistant_output(item: Item) -> bool:
     return isinstance(item, (Reasoning, FunctionCall))
 
 
+_max_token_bytes: dict[str, int] = {}
+
+
+def max_token_bytes(encoding: tiktoken.Encoding) -> int:
+    """The longest byte string any token of ``encoding`` stands for (computed once per encoding):
+    a text of ``n`` UTF-8 bytes, hence of ``n`` characters or fewer, needs at least ``n / this`` tokens."""
+    found = _max_token_bytes.get(encoding.name)
+    if found is None:
+        found = _max_token_bytes[encoding.name] = max(map(len, encoding.token_byte_values()))
+    return found
+
+
 class BaseRenderer(ABC):
     """Shared implementation of :class:`Renderer`; subclasses supply the template."""
 
