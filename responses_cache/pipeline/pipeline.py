@@ -20,7 +20,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..backends.base import BackendError, EngineUsage, Finish, GenerationRequest, Prompt
+from ..backends.base import (
+    BackendError,
+    BackendEvent,
+    EngineUsage,
+    Finish,
+    GenerationRequest,
+    Prompt,
+)
 from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
@@ -272,6 +279,9 @@ class Pipeline:
         states: dict[str, Any] = {}
         stream = route.backend.generate(generation)
         events = stream.__aiter__()
+        #: The backend step racing the hooks, while one is in flight: it must end before the
+        #: stream is closed (closing a generator that is still running raises RuntimeError).
+        step: asyncio.Future[BackendEvent] | None = None
         try:
             while True:
                 try:
@@ -285,11 +295,9 @@ class Pipeline:
                             flag, states = watcher.result()
                             watcher = None
                             if flag is not None:
-                                step.cancel()
-                                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                                    await step
                                 return flag, states, None
                         event = await step
+                        step = None
                 except StopAsyncIteration:
                     break
                 if isinstance(event, Finish):
@@ -297,6 +305,11 @@ class Pipeline:
                     break
                 await out.feed(event)
         finally:
+            if step is not None and not step.done():
+                step.cancel()  # the cancellation reaches the backend's generator at its await
+            if step is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await step
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
