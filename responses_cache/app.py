@@ -19,6 +19,7 @@ from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
+from .protocol.tools import tool_cache
 from .routing import Route, Router, StaticRouter
 from .service import ResponsesService
 from .session import SessionConfig
@@ -45,6 +46,18 @@ class ServerConfig:
     #: Cap on the sum of all WebSocket connections' caches (least recently used give way).
     process_cache_bytes: int | None = 4 * 1024**3
     context_window: int = 131_072
+    #: Cap on request frames held by unfinished WebSocket turns, all connections together.
+    process_input_bytes: int | None = 1024**3
+    #: A WebSocket write that waits on the peer longer aborts the connection.
+    write_timeout_s: float = 30.0
+    #: The process-wide parsed-tools cache, in bytes.
+    tool_cache_bytes: int = 64 * 1024 * 1024
+    #: Renders that tokenize at least this many characters run on a worker thread.
+    offload_chars: int = 64 * 1024
+    #: Worker threads for those renders.
+    tokenizer_threads: int = 2
+    #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
+    partition_prefix_cache: bool = True
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -71,8 +84,12 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
     metrics = cfg.metrics or InMemoryMetrics()
     authenticator = cfg.authenticator or (BearerKeys(cfg.api_keys) if cfg.api_keys else AllowAll())
     pipeline = Pipeline(
-        store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics
+        store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
+        offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
+        partition_prefix_cache=cfg.partition_prefix_cache,
     )
+    if tool_cache.max_bytes != cfg.tool_cache_bytes:
+        tool_cache.resize(cfg.tool_cache_bytes)
     service = ResponsesService(router, pipeline, store)
     api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes)
     billing = cfg.billing
@@ -107,6 +124,8 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
         max_message_bytes=cfg.max_body_bytes,
         metrics=metrics,
         process_cache_bytes=cfg.process_cache_bytes,
+        process_input_bytes=cfg.process_input_bytes,
+        write_timeout_s=cfg.write_timeout_s,
     )
     app.state.service = service
     app.state.metrics = metrics

@@ -67,6 +67,8 @@ class _Exchange:
         self._sent_body = False
         self._disconnect = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        #: What the app raised, if it raised (kept here: never left as an unretrieved task exception).
+        self.error: BaseException | None = None
 
     async def _receive(self) -> Message:
         if not self._sent_body:
@@ -89,6 +91,8 @@ class _Exchange:
     async def _run(self) -> None:
         try:
             await self.app(self.scope, self._receive, self._send)
+        except Exception as exc:  # reported by whoever reads the exchange
+            self.error = exc
         finally:
             self.started.set()
             await self.chunks.put(None)
@@ -226,7 +230,8 @@ def _error_of(status: int, body: bytes) -> BackendError:
 
 class AppAuthenticator:
     """Authorizes an upgrade by asking the wrapped app (``GET /v1/models``) with the client's
-    ``Authorization`` header; the tenant is derived from that credential."""
+    ``Authorization`` header: admitted only on a 2xx answer; the tenant is derived from that
+    credential."""
 
     def __init__(self, app: ASGIApp, *, path: str = "/v1/models") -> None:
         self.app = app
@@ -240,7 +245,9 @@ class AppAuthenticator:
             await exchange.read()
         finally:
             await exchange.close()
-        if exchange.status in (401, 403):
+        # Fail closed: only a 2xx admits. A 400 or 404 (a proxy that checks keys elsewhere), a
+        # 500 or an exception are refusals, never "probably fine".
+        if exchange.error is not None or not 200 <= exchange.status < 300:
             return None
         credential = forwarded.get("authorization", "")
         return "bridge-" + hashlib.sha256(credential.encode()).hexdigest()[:12] if credential else "default"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
@@ -27,6 +28,7 @@ from .state import ResponseState
 from .store import StoredResponse
 
 _DONE = object()
+logger = logging.getLogger("responses_cache.http")
 
 
 def error_response(error: ResponsesError) -> HTTPResponse:
@@ -52,7 +54,11 @@ class HTTPApi:
         ]
 
     async def _tenant(self, request: Request) -> str:
-        tenant = await self.authenticator.authenticate(request.headers)
+        try:
+            tenant = await self.authenticator.authenticate(request.headers)
+        except Exception:  # fail closed: an authenticator that cannot answer admits no one
+            logger.exception("the authenticator failed; the request is refused")
+            tenant = None
         if tenant is None:
             raise ResponsesError(
                 "Incorrect API key provided.", status=401, code="invalid_api_key", type="invalid_request_error"

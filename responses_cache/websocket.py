@@ -28,7 +28,7 @@ from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .auth import AllowAll, Authenticator
+from .auth import Authenticator
 from .budget import CacheBudget
 from .metrics import Metrics, NullMetrics
 from .protocol import events as ev
@@ -52,8 +52,9 @@ class WebSocketMode:
     """ASGI middleware: ``WebSocketMode(app, service=..., paths=("/v1/responses",))``.
 
     With a ``service`` (what :func:`~responses_cache.create_app` passes) turns run through this
-    package's pipeline. Without one, each turn is bridged to ``app``'s own ``POST /v1/responses``
-    (see :mod:`responses_cache.bridge`), and upgrades are authorized by ``app`` itself.
+    package's pipeline, and an ``authenticator`` is required (``AllowAll()`` says "everyone" out
+    loud). Without one, each turn is bridged to ``app``'s own ``POST /v1/responses`` (see
+    :mod:`responses_cache.bridge`), and upgrades are authorized by ``app`` itself (2xx only).
     """
 
     def __init__(
@@ -77,9 +78,16 @@ class WebSocketMode:
 
             service = bridge_service(app)
             authenticator = authenticator or AppAuthenticator(app)
+        elif authenticator is None:
+            # Fail closed: mounted on an authenticated app, a default of "everyone" would open its
+            # WebSocket path. Development servers say so explicitly with ``AllowAll()``.
+            raise TypeError(
+                "WebSocketMode(service=...) needs an authenticator: pass the app's own (e.g. "
+                "BearerKeys([...])), or authenticator=AllowAll() to allow everyone (development only)"
+            )
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
-        self.authenticator = authenticator or AllowAll()
+        self.authenticator: Authenticator = authenticator
         self.config = config or SessionConfig()
         self.max_message_bytes = max_message_bytes
         self.outbound_queue = outbound_queue
@@ -99,7 +107,11 @@ class WebSocketMode:
             await self.app(scope, receive, send)
             return
         websocket = WebSocket(scope, receive, send)
-        tenant = await self.authenticator.authenticate(websocket.headers)
+        try:
+            tenant = await self.authenticator.authenticate(websocket.headers)
+        except Exception:  # fail closed: an authenticator that cannot answer admits no one
+            logger.exception("the authenticator failed; the upgrade is refused")
+            tenant = None
         if tenant is None:
             body = HTTPErrorBody(
                 ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key").payload

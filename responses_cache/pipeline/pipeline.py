@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -47,6 +48,11 @@ from .validate import Validator
 logger = logging.getLogger("responses_cache.pipeline")
 
 
+def tenant_salt(tenant: str) -> str:
+    """The engine prefix-cache salt of a tenant: stable, and not the tenant's name."""
+    return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 class UsageSubmitter(Protocol):
     def submit(self, record: UsageRecord) -> None: ...
 
@@ -63,7 +69,11 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         offload_chars: int = 64 * 1024,
         tokenizer_threads: int = 2,
+        partition_prefix_cache: bool = True,
     ) -> None:
+        #: Give each tenant its own engine prefix cache (``GenerationRequest.cache_salt``), so time
+        #: to first token cannot tell one tenant what another sent. ``False`` shares the cache.
+        self.partition_prefix_cache = partition_prefix_cache
         #: Renders that tokenize at least this many characters run on a worker thread.
         self.offload_chars = offload_chars
         #: Worker threads for those renders (more wait their turn, off the event loop).
@@ -233,9 +243,8 @@ class Pipeline:
             size += parent.total_bytes
         return size
 
-    @staticmethod
     def _generation_request(
-        turn: Turn, route: Route, rendered: Rendered | None, context: Conversation
+        self, turn: Turn, route: Route, rendered: Rendered | None, context: Conversation
     ) -> GenerationRequest:
         request = turn.request
         return GenerationRequest(
@@ -255,6 +264,8 @@ class Pipeline:
             metadata=request.metadata or {},
             headers=turn.headers,
             previous_response_id=turn.delegated_parent,
+            tenant=turn.tenant,
+            cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
         )
 
     async def _generate(

@@ -33,7 +33,7 @@ async def _post(app: Any, body: dict[str, Any]) -> httpx.Response:
 
 
 async def test_rejected_requests_leave_nothing_in_the_cache(small_cache: ToolCache) -> None:
-    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)))
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)), tool_cache_bytes=1024 * 1024)
     rejections = [
         {"previous_response_id": "resp_unknown"},  # rejected after the tools were parsed
         {"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},  # validation
@@ -47,7 +47,8 @@ async def test_rejected_requests_leave_nothing_in_the_cache(small_cache: ToolCac
 
 
 async def test_the_cache_is_bounded_in_bytes_across_successful_turns(small_cache: ToolCache) -> None:
-    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)))
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)), tool_cache_bytes=1024 * 1024)
+    assert small_cache.max_bytes == 1024 * 1024
     for i in range(30):
         response = await _post(app, {"model": "sim-1", "input": "hi", "tools": _tools(i, 64 * 1024)})
         assert response.status_code == 200, response.text
