@@ -4,6 +4,8 @@ and resolving ``previous_response_id`` from the durable store (hydration)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Protocol
 
 from starlette.types import ASGIApp
 
@@ -19,15 +21,24 @@ from .state import ResponseState, open_calls_after
 from .store import ResponseStore, load_chain
 
 
+class ParentResolver(Protocol):
+    """A backend with a response store of its own (the bridge's wrapped app)."""
+
+    async def resolves_previous_response_ids(self, model: str, headers: Mapping[str, str]) -> bool:
+        """Whether a ``previous_response_id`` handed to it would be looked up (not ignored)."""
+        ...
+
+
 class ResponsesService:
     def __init__(
-        self, router: Router, pipeline: Pipeline, store: ResponseStore | None, *, delegate_misses: bool = False
+        self, router: Router, pipeline: Pipeline, store: ResponseStore | None, *, delegate_misses: ParentResolver | None = None
     ) -> None:
         self.router = router
         self.pipeline = pipeline
         self.store = store
-        #: Hand an unknown ``previous_response_id`` (``store: true``) to the backend instead of
-        #: hydrating it here: the bridge's wrapped app keeps its own store.
+        #: Hand an unknown ``previous_response_id`` (``store: true``) to this backend instead of
+        #: hydrating it here, when it says it resolves ids: the bridge's wrapped app keeps its own
+        #: store. An app that would ignore the id gets no such turn (``previous_response_not_found``).
         self.delegate_misses = delegate_misses
         self.hydrations = 0
 
@@ -80,10 +91,11 @@ class ResponsesService:
         )
 
 
-def bridge_service(app: ASGIApp) -> ResponsesService:
+def bridge_service(app: ASGIApp, *, resolves_previous_response_ids: bool | None = None) -> ResponsesService:
     """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``."""
     from .bridge import AppBackend
     from .routing import Route, StaticRouter
 
-    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
-    return ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)
+    backend = AppBackend(app, resolves_previous_response_ids=resolves_previous_response_ids)
+    route = Route(name="bridge", model="*", backend=backend, renderer=None)
+    return ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=backend)

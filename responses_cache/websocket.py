@@ -71,12 +71,13 @@ class WebSocketMode:
         process_cache_bytes: int | None = 4 * 1024**3,
         process_input_bytes: int | None = 1024**3,
         write_timeout_s: float = 30.0,
+        resolves_previous_response_ids: bool | None = None,
     ) -> None:
         self.app = app
         if service is None:
             from .bridge import AppAuthenticator
 
-            service = bridge_service(app)
+            service = bridge_service(app, resolves_previous_response_ids=resolves_previous_response_ids)
             authenticator = authenticator or AppAuthenticator(app)
         elif authenticator is None:
             # Fail closed: mounted on an authenticated app, a default of "everyone" would open its
@@ -363,7 +364,10 @@ class _Connection:
                 metrics.inc("cache_hits_total", labels)
             else:
                 metrics.inc("cache_misses_total", labels)
-                if pending.request.store and service.delegate_misses:
+                delegate = service.delegate_misses
+                if pending.request.store and delegate is not None and await delegate.resolves_previous_response_ids(
+                    turn.model, self.credentials
+                ):
                     turn.delegated_parent = wanted
                 elif pending.request.store:
                     parent = await service.hydrate(session.tenant, wanted)

@@ -16,7 +16,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -28,12 +28,14 @@ from ..backends.base import (
     Finish,
     GenerationRequest,
     Prompt,
+    StartableBackend,
 )
 from ..billing.record import UsageRecord
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.items import Item
+from ..protocol.request import client_fields
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..protocol.tools import tool_cache
 from ..routing import Route
@@ -135,15 +137,24 @@ class Pipeline:
         alongside_state: dict[str, Any] = {}
         engine_usage = None
         finish: Finish | None = None
+        generation: GenerationRequest | None = None
+        opened: AsyncIterator[BackendEvent] | None = None
+        if request.generate:
+            generation = self._generation_request(turn, route, rendered, input_context)
+            if isinstance(route.backend, StartableBackend):
+                # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
+                opened = await route.backend.start(generation)
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
             response = self._response(turn, status="in_progress", output=[])
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
-            if request.generate:
-                generation = self._generation_request(turn, route, rendered, input_context)
-                late_flag, alongside_state, finish = await self._generate(route, generation, out, ctx, items, parent)
+            if generation is not None:
+                stream, opened = opened, None  # from here on, _generate closes it
+                late_flag, alongside_state, finish = await self._generate(
+                    route, generation, out, ctx, items, parent, stream
+                )
                 engine_usage = finish.usage if finish else None
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
                 late_flag, alongside_state = await self.hooks.run_alongside(
@@ -172,6 +183,11 @@ class Pipeline:
                 logger.exception("generation failed for %s", turn.response_id)
                 code, message = "server_error", "The server had an error while processing your request."
             status, error = "failed", ResponseErrorInfo(code, message)
+        finally:
+            aclose = getattr(opened, "aclose", None)  # started, but never handed to _generate
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
         timings["generate"] = time.perf_counter() - t2
 
         # finalize: the child state shares everything it can with its parent.
@@ -263,6 +279,7 @@ class Pipeline:
             reasoning=request.reasoning,
             metadata=request.metadata or {},
             headers=turn.headers,
+            client_fields=client_fields(request),
             previous_response_id=turn.delegated_parent,
             tenant=turn.tenant,
             cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
@@ -276,6 +293,7 @@ class Pipeline:
         ctx: HookContext,
         items: list[Item],
         parent: ResponseState | None,
+        opened: AsyncIterator[BackendEvent] | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
         """Stream the backend; alongside hooks run concurrently and a flag stops generation."""
         hooks = self.hooks
@@ -288,7 +306,7 @@ class Pipeline:
             )
         finish: Finish | None = None
         states: dict[str, Any] = {}
-        stream = route.backend.generate(generation)
+        stream = opened if opened is not None else route.backend.generate(generation)
         events = stream.__aiter__()
         #: The backend step racing the hooks, while one is in flight: it must end before the
         #: stream is closed (closing a generator that is still running raises RuntimeError).

@@ -159,3 +159,21 @@ def _probe(element: msgspec.Raw | bytes, index: int) -> dict[str, Any]:
 def _with_type(element: msgspec.Raw | bytes) -> bytes:
     data = bytes(element).lstrip()
     return b'{"type":"message",' + data[1:] if data[1:].lstrip()[:1] != b"}" else b'{"type":"message"}'
+
+
+#: Fields that are not request options: the input and tools (carried parsed) and WebSocket framing.
+_NOT_FORWARDED = frozenset({"input", "tools", "type", "stream_id", "generate"})
+_DEFAULTS = CreateResponse()
+
+
+def client_fields(request: CreateResponse) -> dict[str, Any]:
+    """The request's fields as the client set them (values other than the defaults), for backends
+    that forward the request (``input``, ``tools`` and WebSocket framing left out)."""
+    out: dict[str, Any] = {}
+    for name in request.__struct_fields__:
+        if name in _NOT_FORWARDED:
+            continue
+        value = getattr(request, name)
+        if value != getattr(_DEFAULTS, name):
+            out[name] = value
+    return out
