@@ -38,6 +38,15 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_body_bytes: int = 16 * 1024 * 1024
     process_cache_bytes: int = 4 * 1024**3
     context_window: int = 131_072
+    process_input_bytes: int = 1024**3
+    write_timeout_s: float = 30.0
+    tool_cache_bytes: int = 64 * 1024 * 1024
+    partition_prefix_cache: bool = True
+    header_timeout_s: float = 10.0
+    keep_alive_s: int = 5
+    max_connections: int = 2048
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)

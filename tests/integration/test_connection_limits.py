@@ -1,0 +1,80 @@
+"""``responses-cache serve``'s connection limits on real sockets: a connection that never sends a
+complete request head is closed, idle keep-alive connections are closed, WebSockets are not, and
+past the connection cap new requests get 503."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from websockets.sync.client import connect
+
+from responses_cache import SimulatedConfig, SimulatedEngine, create_app
+from responses_cache.serving import ConnectionLimits, uvicorn_config
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, int]]:
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    limits = ConnectionLimits(header_timeout_s=0.3, keep_alive_s=1, max_connections=3)
+    instance = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if instance.started:
+            break
+        time.sleep(0.05)
+    yield "127.0.0.1", port
+    instance.should_exit = True
+    thread.join(10)
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(15)  # a safety net: the server closes long before
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /v1/models HT", b"POST /v1/responses HTTP/1.1\r\nHost: x\r\n"])
+def test_an_incomplete_request_head_is_closed(server: tuple[str, int], sent: bytes) -> None:
+    with socket.create_connection(server) as sock:
+        if sent:
+            sock.sendall(sent)
+        assert _closed_by_server(sock)
+
+
+def test_an_idle_keep_alive_connection_is_closed(server: tuple[str, int]) -> None:
+    with socket.create_connection(server) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(15)
+        assert b"200 OK" in sock.recv(65536)
+        assert _closed_by_server(sock)
+
+
+def test_websockets_outlive_the_header_timeout_and_the_cap_answers_503(server: tuple[str, int]) -> None:
+    host, port = server
+    url = f"ws://{host}:{port}/v1/responses"
+    with connect(url) as first, connect(url) as second:
+        time.sleep(0.6)  # past the header timeout: an upgraded connection is not affected
+        for ws in (first, second):
+            ws.send('{"type":"response.create","model":"sim-1","input":"hi"}')
+            while True:
+                event = ws.recv(timeout=10)
+                if '"response.completed"' in event:
+                    break
+        with connect(url) as third:
+            third.send('{"type":"response.create","model":"sim-1","input":"hi"}')
+            assert third.recv(timeout=10)
+            # four connections are open now (three WebSockets and this one): past the cap of three
+            r = httpx.get(f"http://{host}:{port}/v1/models", timeout=10)
+            assert r.status_code == 503
