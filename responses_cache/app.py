@@ -54,8 +54,8 @@ class ServerConfig:
     tool_cache_bytes: int = 64 * 1024 * 1024
     #: Renders that tokenize at least this many characters run on a worker thread.
     offload_chars: int = 64 * 1024
-    #: Worker threads for those renders.
-    tokenizer_threads: int = 2
+    #: Worker threads for those renders (``None``: a quarter of the CPUs, at least one).
+    tokenizer_threads: int | None = None
     #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
     partition_prefix_cache: bool = True
 

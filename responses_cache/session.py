@@ -40,7 +40,7 @@ class SessionConfig:
     #: Bytes of request frames held by this connection's accepted, unfinished turns (queued or
     #: running). A frame that would pass it gets a 429 ``error`` (a frame alone on an idle
     #: connection is always admitted, up to the message size limit).
-    max_queued_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 32 * 1024 * 1024
     lifetime_s: float = 3600.0
     #: After the lifetime, turns still running may finish for this long; then the connection is
     #: aborted and its state freed, whatever its writes are doing.
@@ -214,13 +214,6 @@ class Session:
                 )
                 return
             self._named_lanes.add(lane)
-        try:
-            request = decode_create(text)
-            if request.background:
-                raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
-        except ResponsesError as exc:
-            self._error(exc, lane)
-            return
         if len(self._waiting) >= self.config.max_queued:
             self._error(
                 ResponsesError("Too many queued responses on this connection.", status=429, type="rate_limit_error", code="rate_limit_exceeded"),
@@ -228,7 +221,7 @@ class Session:
             )
             return
         size = len(text)
-        if not self._admit(size):
+        if not self._admit(size):  # checked before the full decode: a refused frame costs one scan
             self._error(
                 ResponsesError(
                     "Too much request input is waiting on this connection (or on this server); "
@@ -237,6 +230,14 @@ class Session:
                 ),
                 lane,
             )
+            return
+        try:
+            request = decode_create(text)
+            if request.background:
+                raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
+        except ResponsesError as exc:
+            self._release_size(size)
+            self._error(exc, lane)
             return
         self._seq += 1
         self._waiting.append(PendingTurn(request, lane, self._seq, now, size))
@@ -251,10 +252,13 @@ class Session:
         return True
 
     def _release(self, pending: PendingTurn) -> None:
-        self.queued_bytes -= pending.size
-        if self.input_budget is not None:
-            self.input_budget.release(pending.size)
+        self._release_size(pending.size)
         pending.size = 0
+
+    def _release_size(self, size: int) -> None:
+        self.queued_bytes -= size
+        if self.input_budget is not None:
+            self.input_budget.release(size)
 
     def tick(self, now: float) -> None:
         """Advance the clock: past the deadline, refuse new work and close once idle."""

@@ -45,6 +45,7 @@ from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
 logger = logging.getLogger("responses_cache.websocket")
+_LARGE_FRAME = 64 * 1024
 _CLOSE = b""  # outbound marker: close the socket (encoded events are never empty)
 
 
@@ -212,9 +213,14 @@ class _Connection:
                 return 1003, False  # binary frames are not part of the protocol
             if len(text) > self.mode.max_message_bytes:
                 return 1009, False
+            large = len(text) >= _LARGE_FRAME
             self.session.receive(text, time.perf_counter())
             del message, text  # a decoded frame must not outlive its turn (memory per connection)
             await self._pump()
+            if large:
+                # Decoding a large frame took a while: let other connections run before the next
+                # (frames already buffered are otherwise read back to back without yielding).
+                await asyncio.sleep(0)
             if self.session.close_code is not None:
                 return 1000, False
 

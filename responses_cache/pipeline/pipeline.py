@@ -15,6 +15,8 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -50,6 +52,13 @@ from .validate import Validator
 logger = logging.getLogger("responses_cache.pipeline")
 
 
+def _lower_priority() -> None:
+    """Run a tokenizer thread at a lower CPU priority than the event loop (Linux schedules threads
+    individually), so a flood of huge prompts slows down its own renders, not every connection."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+
+
 def tenant_salt(tenant: str) -> str:
     """The engine prefix-cache salt of a tenant: stable, and not the tenant's name."""
     return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -70,7 +79,7 @@ class Pipeline:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         offload_chars: int = 64 * 1024,
-        tokenizer_threads: int = 2,
+        tokenizer_threads: int | None = None,
         partition_prefix_cache: bool = True,
     ) -> None:
         #: Give each tenant its own engine prefix cache (``GenerationRequest.cache_salt``), so time
@@ -78,8 +87,9 @@ class Pipeline:
         self.partition_prefix_cache = partition_prefix_cache
         #: Renders that tokenize at least this many characters run on a worker thread.
         self.offload_chars = offload_chars
-        #: Worker threads for those renders (more wait their turn, off the event loop).
-        self.tokenizer_threads = tokenizer_threads
+        #: Worker threads for those renders (more wait their turn, off the event loop). Default: a
+        #: quarter of the CPUs, at least one, so floods of huge prompts leave the rest to the loop.
+        self.tokenizer_threads = tokenizer_threads or max(1, (os.cpu_count() or 1) // 4)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.store = store
         self.hooks = hooks or HookRunner()
@@ -240,7 +250,7 @@ class Pipeline:
     def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.tokenizer_threads, thread_name_prefix="responses-cache-render"
+                max_workers=self.tokenizer_threads, thread_name_prefix="responses-cache-render", initializer=_lower_priority
             )
         return self._executor
 

@@ -96,7 +96,7 @@ async def test_a_write_that_never_completes_aborts_the_connection_and_frees_its_
     assert mode.aborted == 1 and mode.connections == 0
     assert mode.input_budget is not None and mode.input_budget.held == 0
     assert mode.input_budget.peak <= 4 * 1024 * 1024 + 1024  # the per-connection budget held
-    assert backend.started >= 1 and backend.open == 0  # the engine was told to stop
+    assert backend.open == 0  # every generation that started was told to stop
 
 
 async def test_the_lifetime_is_enforced_while_writes_are_blocked() -> None:
