@@ -12,7 +12,7 @@ side by side in one run:
   never read.
 
 It prints the normal client's p50/p90/p99 turn time in each run and the noisy/quiet ratios (the
-goal: p99 ≤ 2×), a second quiet run afterwards (the machine's own noise), how many bad requests
+goal: p99 at most 2x), a second quiet run afterwards (the machine's own noise), how many bad requests
 the neighbour got answered, and the server's resident memory after each run.
 
     python benchmarks/noisy_neighbour.py --turns 150
@@ -103,11 +103,11 @@ class Neighbour:
                 b'{"model":"sim-1","input":"hi","previous_response_id":"resp_nope","tools":[{"type":"function","name":"f%d",'
                 % i + b'"description":"' + b"x" * (8 * 1024 * 1024) + b'"}]}'
             )),
-            ("deep nesting", lambda i: ('{"model":"sim-1","input":%s}' % deep).encode()),
+            ("deep nesting", lambda i: ('{"model":"sim-1","input":' + deep + '}').encode()),
             ("non-object tools", lambda i: b'{"model":"sim-1","input":"hi","tools":[1,"x",null,[]]}'),
             ("invalid UTF-8", lambda i: b'{"model":"sim-1","input":"\xff\xfe"}'),
         ]
-        self.deep_frame = '{"type":"response.create","model":"sim-1","input":%s}' % deep
+        self.deep_frame = '{"type":"response.create","model":"sim-1","input":' + deep + '}'
         self.big_frame = json.dumps({"type": "response.create", "model": "sim-1", "input": "y" * (4 * 1024 * 1024)})
 
     def _count(self, name: str) -> None:
