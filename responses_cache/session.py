@@ -167,6 +167,15 @@ class Session:
 
     def receive(self, text: str | bytes, now: float = 0.0) -> None:
         """One client text frame (``now``: the caller's clock, kept for the queue-wait metric)."""
+        # The common case, a well-formed response.create, costs one pass over the frame; anything
+        # else takes the careful path below, which names what is wrong.
+        try:
+            fast: CreateResponse | None = decode_create(text)
+        except ResponsesError:
+            fast = None
+        if fast is not None and fast.type == "response.create":
+            self._create(text, now, fast.stream_id, fast)
+            return
         try:
             probe = _probe.decode(text)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -185,7 +194,10 @@ class Session:
             message = "Missing required parameter: 'type'." if kind is None else f"Unsupported event type: '{kind}'."
             self._error(invalid_request(message, "type", "invalid_value" if kind is not None else "missing_required_parameter"), None)
             return
-        lane = probe.stream_id
+        self._create(text, now, probe.stream_id, None)
+
+    def _create(self, text: str | bytes, now: float, lane: Any, request: CreateResponse | None) -> None:
+        """A ``response.create`` (``request``: already decoded, or ``None``)."""
         if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.fullmatch(lane)):
             self._error(
                 invalid_request(
@@ -221,7 +233,7 @@ class Session:
             )
             return
         size = len(text)
-        if not self._admit(size):  # checked before the full decode: a refused frame costs one scan
+        if not self._admit(size):
             self._error(
                 ResponsesError(
                     "Too much request input is waiting on this connection (or on this server); "
@@ -232,7 +244,8 @@ class Session:
             )
             return
         try:
-            request = decode_create(text)
+            if request is None:
+                request = decode_create(text)
             if request.background:
                 raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
         except ResponsesError as exc:
