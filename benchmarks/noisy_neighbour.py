@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable
 
 import httpx
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
+from websockets.sync.connection import Connection
 
 
 def _free_port() -> int:
@@ -62,7 +63,7 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _turn(ws: ClientConnection, body: dict[str, object]) -> dict[str, object]:
+def _turn(ws: Connection, body: dict[str, object]) -> dict[str, object]:
     ws.send(json.dumps({"type": "response.create", **body}))
     while True:
         event = json.loads(ws.recv(timeout=120))
@@ -88,7 +89,8 @@ def normal_client(url: str, turns: int) -> list[float]:
 
 
 class Neighbour:
-    """The bad client: HTTP and WebSocket threads looping over the worst inputs until stopped."""
+    """The bad client: one thread per kind of bad HTTP request and one WebSocket thread, each
+    looping until stopped."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -113,16 +115,17 @@ class Neighbour:
     def _count(self, name: str) -> None:
         self.answered[name] = self.answered.get(name, 0) + 1
 
-    def http_loop(self) -> None:
+    def http_loop(self, name: str, make: Callable[[int], bytes]) -> None:
+        """One kind of bad HTTP request, sent again as soon as it is answered."""
         i = 0
         with httpx.Client(base_url=f"http://127.0.0.1:{self.port}/v1", timeout=120) as client:
             while not self.stop.is_set():
-                name, make = self.http_bodies[i % len(self.http_bodies)]
                 r = client.post("/responses", content=make(i), headers={"content-type": "application/json"})
-                if r.status_code >= 500:
+                if r.status_code >= 500 or r.status_code < 400:
                     self.unexpected.append(f"{name}: HTTP {r.status_code}")
                 self._count(name)
                 i += 1
+                self.stop.wait(0.05)
 
     def ws_loop(self) -> None:
         url = f"ws://127.0.0.1:{self.port}/v1/responses"
@@ -143,14 +146,17 @@ class Neighbour:
                 self.stop.wait(0.5)
 
     def run(self, only: str | None = None) -> list[threading.Thread]:
-        loops = {"http": self.http_loop, "ws": self.ws_loop}
-        threads = [threading.Thread(target=loop, daemon=True) for name, loop in loops.items() if only in (None, name)]
+        threads: list[threading.Thread] = []
+        if only in (None, "http"):
+            threads += [threading.Thread(target=self.http_loop, args=kind, daemon=True) for kind in self.http_bodies]
+        if only in (None, "ws"):
+            threads.append(threading.Thread(target=self.ws_loop, daemon=True))
         for thread in threads:
             thread.start()
         return threads
 
 
-def _p(values: list[float], q: float) -> float:
+def _p(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
