@@ -15,12 +15,14 @@ It prints the normal client's p50/p90/p99 turn time in each run and the noisy/qu
 goal: p99 at most 2x), a second quiet run afterwards (the machine's own noise), how many bad requests
 the neighbour got answered, and the server's resident memory after each run.
 
-    python benchmarks/noisy_neighbour.py --turns 150
+    python benchmarks/noisy_neighbour.py --turns 200
+    python benchmarks/noisy_neighbour.py --retained 10     # what the neighbour leaves behind
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -173,14 +175,64 @@ def neighbour_process(port: int, only: str | None) -> int:
     return 0
 
 
+def retained(seconds: float) -> int:
+    """What the neighbour leaves behind: the server runs in this process, the neighbour in another;
+    afterwards the process's RSS, before and after returning freed memory to the OS (glibc's
+    ``malloc_trim``), Python's allocated blocks, and what the bounded structures hold."""
+    import ctypes
+    import gc
+
+    from responses_cache import WebSocketMode, create_app
+    from responses_cache.protocol.tools import tool_cache
+    from responses_cache.testing import serve_in_thread
+
+    app = create_app()
+    server = serve_in_thread(app)
+    pid = os.getpid()
+    gc.collect()
+    before, blocks_before = _rss_mib(pid), sys.getallocatedblocks()
+    proc = subprocess.Popen([sys.executable, __file__, "--neighbour", str(server.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    time.sleep(seconds)
+    proc.communicate(b"", timeout=300)
+    time.sleep(2.0)  # let the last turns finish
+    gc.collect()
+    after, blocks_after = _rss_mib(pid), sys.getallocatedblocks()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trimmed = _rss_mib(pid)
+    mode = next(m for m in _middlewares(app) if isinstance(m, WebSocketMode))
+    server.stop()
+    print(f"server RSS: {before:.0f} MiB before, {after:.0f} MiB after {seconds:.0f} s of the neighbour, "
+          f"{trimmed:.0f} MiB once freed memory is returned (malloc_trim)")
+    print(f"Python allocated blocks: {blocks_before} before, {blocks_after} after")
+    held = mode.input_budget.held if mode.input_budget is not None else 0
+    print(f"held afterwards: tool cache {tool_cache.bytes_held} bytes, WebSocket input {held} bytes, "
+          f"connections {mode.connections}, connection caches {mode.budget.total_bytes if mode.budget else 0} bytes")
+    return 0
+
+
+def _middlewares(app: object) -> list[object]:
+    """The middleware instances of a built Starlette app (outermost first)."""
+    found: list[object] = []
+    node = getattr(app, "middleware_stack", None)
+    while node is not None:
+        found.append(node)
+        node = getattr(node, "app", None)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=150, help="turns of the normal client per run")
     parser.add_argument("--neighbour", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("http", "ws"), help="the neighbour's HTTP inputs only, or its WebSocket ones")
+    parser.add_argument("--retained", type=float, metavar="SECONDS",
+                        help="instead: run the neighbour this long against an in-process server and report what stays held")
     args = parser.parse_args(argv)
     if args.neighbour:
         return neighbour_process(args.neighbour, args.only)
+    if args.retained:
+        return retained(args.retained)
     port = _free_port()
     server = _start_server(port)
     url = f"ws://127.0.0.1:{port}/v1/responses"

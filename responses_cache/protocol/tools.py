@@ -78,6 +78,8 @@ class ToolCache:
     succeeded: a request that is rejected leaves nothing behind, however large its tools."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        #: Keyed by the list's fingerprint (a 128-bit BLAKE2b digest of its bytes, computed anyway):
+        #: hashing a 16-byte key is free, hashing a megabytes-long one is not.
         self._entries: LRUCache[bytes, ToolSet] = LRUCache(maxsize=max(1, max_bytes), getsizeof=_cost)
         #: Tool lists actually parsed (cache misses); tests count work with it.
         self.parses = 0
@@ -93,13 +95,13 @@ class ToolCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, data: bytes) -> ToolSet | None:
-        return self._entries.get(data)
+    def get(self, fingerprint: bytes) -> ToolSet | None:
+        return self._entries.get(fingerprint)
 
     def remember(self, tools: ToolSet) -> None:
         """Keep a successfully used tool list (one larger than the whole budget is not kept)."""
-        if tools.tools and tools.raw not in self._entries and _cost(tools) <= self._entries.maxsize:
-            self._entries[tools.raw] = tools
+        if tools.tools and tools.fingerprint not in self._entries and _cost(tools) <= self._entries.maxsize:
+            self._entries[tools.fingerprint] = tools
 
     def resize(self, max_bytes: int) -> None:
         """Change the budget (drops every entry)."""
@@ -122,7 +124,8 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
     data = bytes(raw)
     if not data or data == b"null":
         return EMPTY_TOOLS
-    cached = tool_cache.get(data)
+    fingerprint = hashlib.blake2b(data, digest_size=16).digest()
+    cached = tool_cache.get(fingerprint)
     if cached is not None:
         return cached
     tool_cache.parses += 1
@@ -148,4 +151,4 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
             tools.append(HostedTool(kind, head))
         else:
             raise invalid_request(f"Missing required parameter: 'tools[{i}].type'.", f"tools[{i}].type", "missing_required_parameter")
-    return ToolSet(tuple(tools), hashlib.blake2b(data, digest_size=16).digest(), data)
+    return ToolSet(tuple(tools), fingerprint, data)

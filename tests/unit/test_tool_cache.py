@@ -63,4 +63,4 @@ def test_a_list_larger_than_the_whole_budget_is_not_kept() -> None:
     assert len(cache) == 0 and cache.bytes_held == 0
     small = parse_tools(json.dumps(_tools(1, 10)).encode())
     cache.remember(small)
-    assert cache.get(small.raw) is small and cache.bytes_held > 0
+    assert cache.get(small.fingerprint) is small and cache.bytes_held > 0
