@@ -3,7 +3,8 @@
 uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 503 past a
 concurrency cap (``limit_concurrency``), but it gives a connection that never completes a
 request's headers (a bare TCP connect, a request line sent byte by byte) all the time it wants.
-:func:`header_timeout_protocol` adds that timeout to uvicorn's h11 protocol: a connection that has
+:func:`header_timeout_protocol` adds that timeout to uvicorn's HTTP protocol (httptools or h11,
+as uvicorn would choose): a connection that has
 not completed a request's headers within ``header_timeout_s`` of connecting (or of its previous
 response) is closed.
 """
@@ -31,10 +32,20 @@ class ConnectionLimits:
     ws_ping_timeout_s: float = 20.0
 
 
-def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing connections whose request head does not arrive in time."""
+def _http_protocol() -> type[H11Protocol]:
+    """The protocol uvicorn's ``http="auto"`` picks: httptools when installed, else h11."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return H11Protocol
+    return HttpToolsProtocol  # type: ignore[return-value]  # same interface as far as used here
 
-    class HeaderTimeoutProtocol(H11Protocol):
+
+def header_timeout_protocol(header_timeout_s: float, base: type[H11Protocol] | None = None) -> type[H11Protocol]:
+    """uvicorn's HTTP protocol (``base``; default: httptools when installed, else h11), closing
+    connections whose request head does not arrive in time."""
+
+    class HeaderTimeoutProtocol(base or _http_protocol()):  # type: ignore[misc]
         _header_timer: asyncio.TimerHandle | None = None
         _armed_cycle: Any = None
 
@@ -72,13 +83,16 @@ def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
     return HeaderTimeoutProtocol
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
-    """A uvicorn config with ``limits`` applied (``options``: any other ``uvicorn.Config`` field)."""
+def uvicorn_config(
+    app: Any, *, host: str, port: int, limits: ConnectionLimits, protocol: type[H11Protocol] | None = None, **options: Any
+) -> uvicorn.Config:
+    """A uvicorn config with ``limits`` applied (``protocol``: the HTTP protocol to extend, as in
+    :func:`header_timeout_protocol`; ``options``: any other ``uvicorn.Config`` field)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=header_timeout_protocol(limits.header_timeout_s),
+        http=header_timeout_protocol(limits.header_timeout_s, protocol),
         timeout_keep_alive=limits.keep_alive_s,
         limit_concurrency=limits.max_connections,
         ws_ping_interval=limits.ws_ping_interval_s,

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -18,14 +19,26 @@ from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.serving import ConnectionLimits, uvicorn_config
 
 
-@pytest.fixture
-def server() -> Iterator[tuple[str, int]]:
+def _protocols() -> list[Any]:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    found: list[Any] = [H11Protocol]
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is optional (uvicorn[standard])
+        return found
+    return [*found, HttpToolsProtocol]
+
+
+@pytest.fixture(params=_protocols(), ids=lambda p: p.__name__)
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2)))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     limits = ConnectionLimits(header_timeout_s=0.3, keep_alive_s=1, max_connections=3)
-    instance = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
+    config = uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, protocol=request.param, log_level="warning")
+    instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
     for _ in range(200):
