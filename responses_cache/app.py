@@ -22,7 +22,7 @@ from .pipeline.validate import Limits, Validator
 from .protocol.tools import tool_cache
 from .routing import Route, Router, StaticRouter
 from .service import ResponsesService
-from .session import SessionConfig
+from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
 from .websocket import WebSocketMode
 
@@ -46,7 +46,8 @@ class ServerConfig:
     #: Cap on the sum of all WebSocket connections' caches (least recently used give way).
     process_cache_bytes: int | None = 4 * 1024**3
     context_window: int = 131_072
-    #: Cap on request frames held by unfinished WebSocket turns, all connections together.
+    #: Cap on request bytes held by unfinished requests (WebSocket frames and HTTP bodies), all
+    #: connections together.
     process_input_bytes: int | None = 1024**3
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = 30.0
@@ -91,7 +92,8 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)
     service = ResponsesService(router, pipeline, store)
-    api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes)
+    input_budget = InputBudget(cfg.process_input_bytes) if cfg.process_input_bytes else None
+    api = HTTPApi(service, authenticator, max_body_bytes=cfg.max_body_bytes, input_budget=input_budget)
     billing = cfg.billing
 
     @contextlib.asynccontextmanager
@@ -124,7 +126,7 @@ def create_app(config: ServerConfig | None = None, **options: object) -> Starlet
         max_message_bytes=cfg.max_body_bytes,
         metrics=metrics,
         process_cache_bytes=cfg.process_cache_bytes,
-        process_input_bytes=cfg.process_input_bytes,
+        input_budget=input_budget,
         write_timeout_s=cfg.write_timeout_s,
     )
     app.state.service = service

@@ -24,6 +24,7 @@ from .protocol.errors import (
 )
 from .protocol.request import decode_create
 from .service import ResponsesService
+from .session import InputBudget
 from .state import ResponseState
 from .store import StoredResponse
 
@@ -40,10 +41,20 @@ def json_response(payload: object, status: int = 200) -> HTTPResponse:
 
 
 class HTTPApi:
-    def __init__(self, service: ResponsesService, authenticator: Authenticator, *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        service: ResponsesService,
+        authenticator: Authenticator,
+        *,
+        max_body_bytes: int,
+        input_budget: InputBudget | None = None,
+    ) -> None:
         self.service = service
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
+        #: The process-wide budget for request bytes held by unfinished requests (shared with
+        #: WebSocket mode): a body is charged as it is read and released when its turn ends.
+        self.input_budget = input_budget
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         return [
@@ -65,7 +76,7 @@ class HTTPApi:
             )
         return tenant
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request, charge: _Charge) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
@@ -75,13 +86,27 @@ class HTTPApi:
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise _too_large(self.max_body_bytes)
+            charge.take(len(chunk))  # charged as it is read, as a WebSocket frame is
             chunks.append(chunk)
         return b"".join(chunks)
 
     async def create(self, request: Request) -> HTTPResponse:
+        charge = _Charge(self.input_budget)
+        try:
+            response, task = await self._create(request, charge)
+        except BaseException:
+            charge.release()
+            raise
+        if task is None:
+            charge.release()
+        else:  # the body stays referenced by the turn until it ends, however the response goes
+            task.add_done_callback(lambda _: charge.release())
+        return response
+
+    async def _create(self, request: Request, charge: _Charge) -> tuple[HTTPResponse, asyncio.Future[ResponseState] | None]:
         try:
             tenant = await self._tenant(request)
-            body = decode_create(await self._body(request))
+            body = decode_create(await self._body(request, charge))
             if body.stream_id is not None:
                 raise invalid_request("The 'stream_id' parameter is only supported over WebSocket.", "stream_id", "unsupported_parameter")
             if body.background:
@@ -96,9 +121,9 @@ class HTTPApi:
                     raise previous_response_not_found(body.previous_response_id)
             route = self.service.router.resolve(turn.model, tenant)
         except ResponsesError as exc:
-            return error_response(exc)
+            return error_response(exc), None
         except ClientDisconnect:
-            return HTTPResponse(status_code=499)
+            return HTTPResponse(status_code=499), None
 
         queue: asyncio.Queue[object] = asyncio.Queue()
 
@@ -117,16 +142,16 @@ class HTTPApi:
             try:
                 state = await task
             except ResponsesError as exc:
-                return error_response(exc)
-            return json_response(state.response)
+                return error_response(exc), task
+            return json_response(state.response), task
 
         first = await queue.get()
         if first is _DONE:  # failed before response.created: a plain JSON error
             try:
                 await task
             except ResponsesError as exc:
-                return error_response(exc)
-            return error_response(ResponsesError("No events were produced.", status=500, type="server_error"))
+                return error_response(exc), task
+            return error_response(ResponsesError("No events were produced.", status=500, type="server_error")), task
 
         async def sse() -> AsyncIterator[bytes]:
             try:
@@ -142,7 +167,7 @@ class HTTPApi:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"}), task
 
     async def retrieve(self, request: Request) -> HTTPResponse:
         try:
@@ -196,3 +221,26 @@ def _too_large(limit: int) -> ResponsesError:
     return ResponsesError(
         f"The request body is larger than the limit of {limit} bytes.", status=413, code="request_too_large"
     )
+
+
+class _Charge:
+    """The bytes one HTTP request has charged to the process-wide input budget."""
+
+    def __init__(self, budget: InputBudget | None) -> None:
+        self.budget = budget
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.budget is None:
+            return
+        if not self.budget.take(size):
+            raise ResponsesError(
+                "The server is holding too much request input; retry shortly.",
+                status=429, type="rate_limit_error", code="rate_limit_exceeded",
+            )
+        self.held += size
+
+    def release(self) -> None:
+        if self.budget is not None and self.held:
+            self.budget.release(self.held)
+        self.held = 0

@@ -73,6 +73,7 @@ class WebSocketMode:
         process_input_bytes: int | None = 1024**3,
         write_timeout_s: float = 30.0,
         resolves_previous_response_ids: bool | None = None,
+        input_budget: InputBudget | None = None,
     ) -> None:
         self.app = app
         if service is None:
@@ -97,7 +98,8 @@ class WebSocketMode:
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
         self.budget = CacheBudget(process_cache_bytes) if process_cache_bytes else None
         #: The process-wide cap on request frames held by unfinished turns (``None``: per connection only).
-        self.input_budget = InputBudget(process_input_bytes) if process_input_bytes else None
+        #: ``input_budget`` shares one with other edges (``create_app`` shares it with HTTP).
+        self.input_budget = input_budget or (InputBudget(process_input_bytes) if process_input_bytes else None)
         #: A write (an event, the close frame) that takes longer aborts the connection.
         self.write_timeout_s = write_timeout_s
         #: Connections aborted because a write timed out or the lifetime grace ran out.
