@@ -21,6 +21,7 @@ from .protocol.errors import (
     ResponsesError,
     invalid_request,
     previous_response_not_found,
+    server_error,
 )
 from .protocol.request import decode_create
 from .service import ResponsesService
@@ -94,6 +95,10 @@ class HTTPApi:
         charge = _Charge(self.input_budget)
         try:
             response, task = await self._create(request, charge)
+        except Exception:  # a bug, not the client's doing: still the JSON envelope, never text/plain
+            charge.release()
+            logger.exception("POST /responses failed")
+            return error_response(server_error())
         except BaseException:
             charge.release()
             raise
