@@ -30,6 +30,8 @@ from .state import ResponseState
 from .store import StoredResponse
 
 _DONE = object()
+#: Bodies from this size on yield to other requests between decoding stages.
+_LARGE_BODY = 64 * 1024
 logger = logging.getLogger("responses_cache.http")
 
 
@@ -111,7 +113,10 @@ class HTTPApi:
     async def _create(self, request: Request, charge: _Charge) -> tuple[HTTPResponse, asyncio.Future[ResponseState] | None]:
         try:
             tenant = await self._tenant(request)
-            body = decode_create(await self._body(request, charge))
+            raw = await self._body(request, charge)
+            body = decode_create(raw)
+            if len(raw) >= _LARGE_BODY:
+                await asyncio.sleep(0)  # decoding took a while: let other requests run in between
             if body.stream_id is not None:
                 raise invalid_request("The 'stream_id' parameter is only supported over WebSocket.", "stream_id", "unsupported_parameter")
             if body.background:
@@ -119,6 +124,9 @@ class HTTPApi:
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
+            if len(raw) >= _LARGE_BODY:
+                await asyncio.sleep(0)
+            del raw
             parent = None
             if body.previous_response_id is not None:
                 parent = await self.service.hydrate(tenant, body.previous_response_id)

@@ -364,6 +364,8 @@ class _Connection:
         labels = {"transport": "websocket"}
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
+        if pending.size >= _LARGE_FRAME:
+            await asyncio.sleep(0)  # decoding took a while: let other connections run in between
         parent = session.resolve(pending)
         wanted = pending.request.previous_response_id
         if wanted is not None:

@@ -66,6 +66,14 @@ _namespace_decoder = msgspec.json.Decoder(NamespaceTool)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _head_decoder = msgspec.json.Decoder(dict[str, Any])
 
+
+class _Kind(msgspec.Struct):
+    type: Any = None
+
+
+#: Reads only an entry's ``type`` (the rest is skipped, not built).
+_kind_decoder = msgspec.json.Decoder(_Kind)
+
 #: What one cached byte of a tool list's JSON is taken to cost once parsed (the bytes themselves
 #: plus the decoded dicts and strings): the cache's byte budget is charged this much per byte.
 PARSED_BYTES_PER_RAW_BYTE = 4
@@ -135,8 +143,7 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
         raise invalid_request("Invalid type for 'tools': expected an array of tools.", "tools", "invalid_type") from None
     tools: list[Tool] = []
     for i, element in enumerate(elements):
-        head = decode(_head_decoder, element, prefix=f"tools[{i}]")
-        kind = head.get("type")
+        kind = decode(_kind_decoder, element, prefix=f"tools[{i}]").type
         if kind == "function":
             function = decode(_function_decoder, element, prefix=f"tools[{i}]")
             check_depth(function.parameters, f"tools[{i}].parameters")
@@ -147,6 +154,7 @@ def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
                 check_depth(member.parameters, f"tools[{i}].tools[{j}].parameters")
             tools.append(namespace)
         elif isinstance(kind, str) and kind:
+            head = decode(_head_decoder, element, prefix=f"tools[{i}]")
             check_depth(head, f"tools[{i}]")
             tools.append(HostedTool(kind, head))
         else:
