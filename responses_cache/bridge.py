@@ -5,12 +5,15 @@
 server. The middleware keeps the connection cache, so a continuation that sends only new items
 reaches the wrapped app as one request with the whole conversation as input (and ``store:
 false``): the app needs no ``previous_response_id`` support of its own and never loses context.
-A ``previous_response_id`` that is not in the connection cache is handed to the app as is when
-the request has ``store: true`` (the app's own store resolves it).
+Every other field the client set is forwarded as sent; the bridge owns only ``input``,
+``previous_response_id``, ``store`` and ``stream``. A ``previous_response_id`` that is not in the
+connection cache (``store: true``) is handed to the app only if the app resolves ids itself
+(configured, or probed once); otherwise the client gets ``previous_response_not_found``.
 
 Credentials: the upgrade is authorized by asking the app (``GET /v1/models`` with the client's
-``Authorization`` header), and every bridged request carries that header, so the wrapped app's
-own authentication keeps working.
+``Authorization`` header; only a 2xx admits), and every bridged request carries that header, so
+the wrapped app's own authentication keeps working. A refusal before streaming (any status but
+200) reaches the client as an ``error`` with the app's status and message.
 
 Needs the ``bridge`` extra (``httpx`` and ``httpx-sse``).
 """
