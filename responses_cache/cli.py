@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=settings.max_connections,
         ws_ping_interval_s=settings.ws_ping_interval_s,
         ws_ping_timeout_s=settings.ws_ping_timeout_s,
+        ws_linger_s=settings.write_timeout_s,
     )
     app = create_app(config)
     host, port = settings.host, settings.port

@@ -30,6 +30,9 @@ class ConnectionLimits:
     #: WebSocket pings: interval, and how long a pong may take before the connection is dropped.
     ws_ping_interval_s: float = 20.0
     ws_ping_timeout_s: float = 20.0
+    #: After a WebSocket's app is done, seconds its peer has to take the last bytes before the
+    #: TCP connection is aborted (a peer that stopped reading).
+    ws_linger_s: float = 30.0
 
 
 def _http_protocol() -> type[H11Protocol]:
@@ -83,6 +86,33 @@ def header_timeout_protocol(header_timeout_s: float, base: type[H11Protocol] | N
     return HeaderTimeoutProtocol
 
 
+def linger_abort_protocol(linger_s: float, base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's WebSocket protocol (``base``; default: the one uvicorn would pick), aborting the
+    TCP connection when the peer has not taken the last bytes ``linger_s`` after the app is done.
+
+    uvicorn only ever *closes* a transport, and a closing transport waits for its write buffer to
+    drain, so a peer that stops reading keeps its socket established (and its buffer held) for as
+    long as the kernel lets it. ``WebSocketMode`` aborts such a connection on its side (its state
+    is freed at once); this drops the socket too."""
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+
+    chosen = base or AutoWebSocketsProtocol
+    if chosen is None:  # no WebSocket library installed: nothing to extend
+        raise RuntimeError("uvicorn has no WebSocket implementation available (install websockets)")
+
+    class LingerAbortProtocol(chosen):  # type: ignore[valid-type,misc]
+        async def run_asgi(self) -> None:
+            try:
+                await super().run_asgi()
+            finally:
+                transport = self.transport
+                if transport is not None:
+                    # Aborting a transport that has closed by then is a no-op.
+                    self.loop.call_later(linger_s, transport.abort)
+
+    return LingerAbortProtocol
+
+
 def uvicorn_config(
     app: Any, *, host: str, port: int, limits: ConnectionLimits, protocol: type[H11Protocol] | None = None, **options: Any
 ) -> uvicorn.Config:
@@ -93,6 +123,7 @@ def uvicorn_config(
         host=host,
         port=port,
         http=header_timeout_protocol(limits.header_timeout_s, protocol),
+        ws=linger_abort_protocol(limits.ws_linger_s),
         timeout_keep_alive=limits.keep_alive_s,
         limit_concurrency=limits.max_connections,
         ws_ping_interval=limits.ws_ping_interval_s,
