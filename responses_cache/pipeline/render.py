@@ -16,7 +16,7 @@ from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, content_texts
 from ..protocol.tools import ToolSet
 from ..state import ResponseState
-from ..tokens.base import max_token_bytes
+from ..tokens.base import longest_token_within, max_token_bytes
 from ..tokens.errors import RenderError
 
 if TYPE_CHECKING:
@@ -45,10 +45,9 @@ def render(
 ) -> Rendered:
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
-    # Reject what cannot fit before tokenizing it: no token is longer than the vocabulary's longest
-    # byte string, so ``characters / that length`` tokens is a floor, and a known parent log counts exactly.
+    # Reject what cannot fit before tokenizing it (a known parent log counts exactly).
     known = parent.token_log.num_tokens if incremental_attempt and parent is not None and parent.token_log is not None else 0
-    floor = known + text_chars(items) // max_token_bytes(renderer.encoding)
+    floor = known + token_floor(renderer, items, context_window - known)
     if floor > context_window:
         raise _too_long(context_window, floor, at_least=True)
     try:
@@ -77,6 +76,43 @@ def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesE
         code="context_length_exceeded",
         param="input",
     )
+
+
+#: Above ``room * this`` characters the floor is refined by the text's own bytes (see token_floor).
+_REFINE_FACTOR = 4
+
+
+def token_floor(renderer: Renderer, items: Sequence[Item], room: int) -> int:
+    """At least how many tokens the items' text will take, computed without tokenizing.
+
+    Every token is a substring of the text it encodes, so it is no longer than the vocabulary's
+    longest byte string (``max_token_bytes``), and no longer than the longest token made only of
+    bytes the text contains (``longest_token_within``): text of ``n`` bytes needs at least ``n /
+    that`` tokens. The first bound is free; the second costs a scan for each distinct byte and is
+    taken only when the text is large enough to matter (it turns a 10 MB one-word input into an
+    immediate refusal instead of seconds of tokenizing). Reasoning items are left out: a template
+    may hide them from the prompt."""
+    texts = _prompt_texts(items)
+    chars = sum(map(len, texts))
+    encoding = renderer.encoding
+    floor = chars // max_token_bytes(encoding)
+    if floor <= room and chars > _REFINE_FACTOR * max(room, 0):
+        data = "".join(texts).encode("utf-8", "surrogatepass")
+        floor = len(data) // longest_token_within(encoding, data)
+    return floor
+
+
+def _prompt_texts(items: Sequence[Item]) -> list[str]:
+    """The texts of the items that every template renders into the prompt."""
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, Message):
+            out.extend(content_texts(item.content))
+        elif isinstance(item, FunctionCall):
+            out.append(item.arguments)
+        elif isinstance(item, FunctionCallOutput):
+            out.extend(content_texts(item.output))
+    return out
 
 
 def text_chars(items: Sequence[Item]) -> int:

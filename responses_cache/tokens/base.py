@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
@@ -152,6 +153,50 @@ def max_token_bytes(encoding: tiktoken.Encoding) -> int:
     if found is None:
         found = _max_token_bytes[encoding.name] = max(map(len, encoding.token_byte_values()))
     return found
+
+
+#: Tokens this long or shorter are not listed by ``longest_token_within`` (it answers at least this).
+_SHORT_TOKEN = 8
+#: Per encoding: (length, the token's distinct bytes) for tokens longer than ``_SHORT_TOKEN``,
+#: longest first, one entry per distinct byte set.
+_long_tokens: dict[str, list[tuple[int, bytes]]] = {}
+_long_tokens_lock = threading.Lock()
+
+
+def longest_token_within(encoding: tiktoken.Encoding, data: bytes) -> int:
+    """An upper bound on the length of any token of ``encoding`` made only of bytes that occur in
+    ``data``: the longest such token, or ``_SHORT_TOKEN`` when none is longer. A text's tokens are
+    substrings of it, so none is longer than this. Costs one ``in`` scan per distinct byte looked
+    at (at most 256), plus a one-time table per encoding."""
+    table = _long_token_table(encoding)
+    present: dict[int, bool] = {}
+    for length, distinct in table:
+        for byte in distinct:
+            found = present.get(byte)
+            if found is None:
+                found = present[byte] = bytes((byte,)) in data
+            if not found:
+                break
+        else:
+            return length
+    return _SHORT_TOKEN
+
+
+def _long_token_table(encoding: tiktoken.Encoding) -> list[tuple[int, bytes]]:
+    table = _long_tokens.get(encoding.name)
+    if table is None:
+        with _long_tokens_lock:
+            table = _long_tokens.get(encoding.name)
+            if table is None:
+                longest: dict[bytes, int] = {}
+                for token in encoding.token_byte_values():
+                    if len(token) > _SHORT_TOKEN:
+                        distinct = bytes(sorted(set(token)))
+                        if longest.get(distinct, 0) < len(token):
+                            longest[distinct] = len(token)
+                table = sorted(((n, d) for d, n in longest.items()), reverse=True)
+                _long_tokens[encoding.name] = table
+    return table
 
 
 class BaseRenderer(ABC):

@@ -9,11 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.metrics import InMemoryMetrics
 from responses_cache.tokens import get_renderer
-from responses_cache.tokens.base import max_token_bytes
+from responses_cache.tokens.base import longest_token_within, max_token_bytes
 
 
 def _app(window: int, **options: Any) -> tuple[Any, Any, list[str]]:
@@ -82,3 +84,30 @@ async def test_an_error_raised_on_the_worker_thread_is_the_envelope(window: int)
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert threads and threads[-1].startswith("responses-cache-render")
     app.state.service.pipeline.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from("ab ="), min_size=1, max_size=3_000) | st.text(min_size=1, max_size=500))
+def test_the_byte_bound_never_exceeds_the_real_token_count(text: str) -> None:
+    encoding = get_renderer("harmony").encoding
+    data = text.encode("utf-8", "surrogatepass")
+    try:
+        real = len(encoding.encode_ordinary(text))
+    except ValueError:  # tiktoken refuses lone surrogates; the server never sees them (invalid JSON)
+        return
+    assert len(data) // longest_token_within(encoding, data) <= real
+    assert len(data) // max_token_bytes(encoding) <= real
+
+
+async def test_a_huge_low_diversity_input_is_refused_without_tokenizing() -> None:
+    app, renderer, threads = _app(window=1_000)
+    before = renderer.stats.tokens_encoded
+    # 9,000 characters: under window x 128 (the vocabulary-wide floor lets it through), but a
+    # run of one letter cannot use tokens longer than that letter's longest run in the vocabulary.
+    response = await _post(app, {"model": "sim-1", "input": "a" * 9_000})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "at least" in error["message"]
+    assert renderer.stats.tokens_encoded == before and threads == []
+    fits = await _post(app, {"model": "sim-1", "input": "a" * 3_000})  # under window x 4: tokenized
+    assert fits.status_code == 200
