@@ -129,23 +129,42 @@ class Neighbour:
                 i += 1
                 self.stop.wait(0.05)
 
+    def hog(self) -> None:
+        """A connection that sends 20 large creates and never reads (its client stops taking
+        frames once its queue is full), then drops the socket without a close handshake."""
+        url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        hog = connect(url, max_size=None, compression=None, max_queue=1)
+        try:
+            for lane in range(20):
+                if self.stop.is_set():
+                    break
+                hog.send(self.big_frame.replace('"type"', f'"stream_id":"l{lane}","type"', 1))
+            self._count("unread 20 x 4MB creates (WebSocket)")
+            self.stop.wait(5.0)
+        finally:
+            hog.socket.close()  # abruptly: the server sees the connection drop
+
     def ws_loop(self) -> None:
         url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        hogs: list[threading.Thread] = []
         while not self.stop.is_set():
-            # One connection sends large creates and never reads...
-            with connect(url, max_size=None, compression=None) as hog:
-                for lane in range(20):
-                    hog.send(self.big_frame.replace('"type"', f'"stream_id":"l{lane}","type"', 1))
-                # ...while another sends deeply nested frames and expects an error each time.
-                with connect(url, max_size=None) as ws:
-                    for _ in range(20):
-                        ws.send(self.deep_frame)
-                        event = json.loads(ws.recv(timeout=120))
-                        if event["type"] != "error" or event["status"] >= 500:
-                            self.unexpected.append(f"deep nesting over WebSocket: {event['type']}")
-                        self._count("deep nesting (WebSocket)")
-                self._count("unread 20 x 4MB creates (WebSocket)")
-                self.stop.wait(0.5)
+            # A new connection that never reads, in its own thread (its sends may block)...
+            hogs = [h for h in hogs if h.is_alive()]
+            if len(hogs) < 8:
+                hog = threading.Thread(target=self.hog, daemon=True)
+                hog.start()
+                hogs.append(hog)
+            # ...while another sends deeply nested frames and expects an error each time.
+            with connect(url, max_size=None) as ws:
+                for _ in range(20):
+                    ws.send(self.deep_frame)
+                    event = json.loads(ws.recv(timeout=120))
+                    if event["type"] != "error" or event["status"] >= 500:
+                        self.unexpected.append(f"deep nesting over WebSocket: {event['type']}")
+                    self._count("deep nesting (WebSocket)")
+            self.stop.wait(0.5)
+        for hog in hogs:
+            hog.join(30)
 
     def run(self, only: str | None = None) -> list[threading.Thread]:
         threads: list[threading.Thread] = []

@@ -157,44 +157,47 @@ def max_token_bytes(encoding: tiktoken.Encoding) -> int:
 
 #: Tokens this long or shorter are not listed by ``longest_token_within`` (it answers at least this).
 _SHORT_TOKEN = 8
-#: Per encoding: (length, the token's distinct bytes) for tokens longer than ``_SHORT_TOKEN``,
-#: longest first, one entry per distinct byte set.
-_long_tokens: dict[str, list[tuple[int, bytes]]] = {}
+#: Per encoding: (length, bit mask of the token's distinct bytes) for tokens longer than
+#: ``_SHORT_TOKEN``, longest first, one entry per distinct byte set.
+_long_tokens: dict[str, list[tuple[int, int]]] = {}
 _long_tokens_lock = threading.Lock()
+_SAMPLE = 65_536
 
 
 def longest_token_within(encoding: tiktoken.Encoding, data: bytes) -> int:
     """An upper bound on the length of any token of ``encoding`` made only of bytes that occur in
     ``data``: the longest such token, or ``_SHORT_TOKEN`` when none is longer. A text's tokens are
-    substrings of it, so none is longer than this. Costs one ``in`` scan per distinct byte looked
-    at (at most 256), plus a one-time table per encoding."""
-    table = _long_token_table(encoding)
-    present: dict[int, bool] = {}
-    for length, distinct in table:
-        for byte in distinct:
-            found = present.get(byte)
-            if found is None:
-                found = present[byte] = bytes((byte,)) in data
-            if not found:
-                break
-        else:
+    substrings of it, so none is longer than this. Costs a few passes over ``data`` in C (finding
+    its distinct bytes) and one walk of a per-encoding table built once."""
+    present = 0
+    rest = data
+    while rest:  # each round removes every byte value seen in a sample: at most 256 rounds, usually 1-3
+        seen = set(rest[:_SAMPLE])
+        for byte in seen:
+            present |= 1 << byte
+        rest = rest.translate(None, bytes(seen))
+    absent = ~present
+    for length, mask in _long_token_table(encoding):
+        if not mask & absent:
             return length
     return _SHORT_TOKEN
 
 
-def _long_token_table(encoding: tiktoken.Encoding) -> list[tuple[int, bytes]]:
+def _long_token_table(encoding: tiktoken.Encoding) -> list[tuple[int, int]]:
     table = _long_tokens.get(encoding.name)
     if table is None:
         with _long_tokens_lock:
             table = _long_tokens.get(encoding.name)
             if table is None:
-                longest: dict[bytes, int] = {}
+                longest: dict[int, int] = {}
                 for token in encoding.token_byte_values():
                     if len(token) > _SHORT_TOKEN:
-                        distinct = bytes(sorted(set(token)))
-                        if longest.get(distinct, 0) < len(token):
-                            longest[distinct] = len(token)
-                table = sorted(((n, d) for d, n in longest.items()), reverse=True)
+                        mask = 0
+                        for byte in set(token):
+                            mask |= 1 << byte
+                        if longest.get(mask, 0) < len(token):
+                            longest[mask] = len(token)
+                table = sorted(((n, m) for m, n in longest.items()), reverse=True)
                 _long_tokens[encoding.name] = table
     return table
 
