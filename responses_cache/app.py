@@ -23,15 +23,18 @@ from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
+from .protocol.tools import tool_cache
 from .routing import Route, Router, StaticRouter
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
+    DEFAULT_PROCESS_INPUT_BYTES,
+    DEFAULT_WRITE_TIMEOUT_S,
     Service,
 )
 from .service import ResponsesService
-from .session import SessionConfig
+from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
 from .websocket import WebSocketMode
 
@@ -63,6 +66,19 @@ class ServerConfig:
     #: the app, as ``serve`` does; a store the app creates itself is always its own).
     own_store: bool = False
     context_window: int = DEFAULT_CONTEXT_WINDOW
+    #: Cap on request bytes held by unfinished requests (WebSocket frames and HTTP bodies), all
+    #: connections together.
+    process_input_bytes: int | None = DEFAULT_PROCESS_INPUT_BYTES
+    #: A WebSocket write that waits on the peer longer aborts the connection.
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: The process-wide parsed-tools cache, in bytes.
+    tool_cache_bytes: int = 64 * 1024 * 1024
+    #: Renders that tokenize at least this many characters run on a worker thread.
+    offload_chars: int = 64 * 1024
+    #: Worker threads for those renders (``None``: a quarter of the CPUs, at least one).
+    tokenizer_threads: int | None = None
+    #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
+    partition_prefix_cache: bool = True
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -121,8 +137,12 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
     metrics = cfg.metrics or InMemoryMetrics()
     pipeline = Pipeline(
-        store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics
+        store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
+        offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
+        partition_prefix_cache=cfg.partition_prefix_cache,
     )
+    if tool_cache.max_bytes != cfg.tool_cache_bytes:
+        tool_cache.resize(cfg.tool_cache_bytes)
     backends = router.backends() if isinstance(router, StaticRouter) else [backend]
     return Service(
         core=ResponsesService(router, pipeline, store, hot=hot),
@@ -131,9 +151,12 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         metrics=metrics,
         max_message_bytes=cfg.max_body_bytes,
         process_cache_bytes=connection_bytes,
-        # Started in this order, closed in reverse: billing outlives the backends and the store.
-        # A backend's start (an engine adapter's tokenizer handshake) may refuse the start-up.
-        resources=Resources([cfg.billing, store if owns_store else None, *backends, *cfg.hooks]),
+        input_budget=InputBudget(cfg.process_input_bytes) if cfg.process_input_bytes else None,
+        write_timeout_s=cfg.write_timeout_s,
+        # Started in this order, closed in reverse: billing outlives the backends and the store,
+        # and the pipeline's tokenizer threads go last. A backend's start (an engine adapter's
+        # tokenizer handshake) may refuse the start-up.
+        resources=Resources([pipeline, cfg.billing, store if owns_store else None, *backends, *cfg.hooks]),
     )
 
 
@@ -162,7 +185,9 @@ def _lifespan(service: Service) -> Callable[[Starlette], AbstractAsyncContextMan
 def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
-    api = HTTPApi(service.core, service.authenticator, max_body_bytes=service.max_message_bytes)
+    api = HTTPApi(
+        service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget
+    )
     routes = api.routes()
     metrics = service.metrics
     if isinstance(metrics, PrometheusMetrics):

@@ -19,7 +19,9 @@ class Authenticator(Protocol):
 
 
 class AllowAll:
-    """No authentication; every request belongs to ``tenant``."""
+    """No authentication: every request belongs to ``tenant``. For development and for servers
+    behind an authenticating proxy; nothing defaults to it silently except ``create_app()`` with
+    neither ``api_keys`` nor ``authenticator`` (the local reference server)."""
 
     def __init__(self, tenant: str = "default") -> None:
         self.tenant = tenant

@@ -5,12 +5,15 @@
 server. The middleware keeps the connection cache, so a continuation that sends only new items
 reaches the wrapped app as one request with the whole conversation as input (and ``store:
 false``): the app needs no ``previous_response_id`` support of its own and never loses context.
-A ``previous_response_id`` that is not in the connection cache is handed to the app as is when
-the request has ``store: true`` (the app's own store resolves it).
+Every other field the client set is forwarded as sent; the bridge owns only ``input``,
+``previous_response_id``, ``store`` and ``stream``. A ``previous_response_id`` that is not in the
+connection cache (``store: true``) is handed to the app only if the app resolves ids itself
+(configured, or probed once); otherwise the client gets ``previous_response_not_found``.
 
 Credentials: the upgrade is authorized by asking the app (``GET /v1/models`` with the client's
-``Authorization`` header), and every bridged request carries that header, so the wrapped app's
-own authentication keeps working.
+``Authorization`` header; only a 2xx admits), and every bridged request carries that header, so
+the wrapped app's own authentication keeps working. A refusal before streaming (any status but
+200) reaches the client as an ``error`` with the app's status and message.
 
 Needs the ``bridge`` extra (``httpx`` and ``httpx-sse``).
 """
@@ -21,9 +24,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from starlette.types import ASGIApp, Message
 
 try:
@@ -44,6 +49,7 @@ from .backends.base import (
     ToolCallStart,
 )
 from .protocol.codec import encode
+from .protocol.errors import ResponsesError
 from .runtime import Service
 
 _FORWARDED = ("authorization",)
@@ -68,6 +74,8 @@ class _Exchange:
         self._sent_body = False
         self._disconnect = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        #: What the app raised, if it raised (kept here: never left as an unretrieved task exception).
+        self.error: BaseException | None = None
 
     async def _receive(self) -> Message:
         if not self._sent_body:
@@ -90,6 +98,8 @@ class _Exchange:
     async def _run(self) -> None:
         try:
             await self.app(self.scope, self._receive, self._send)
+        except Exception as exc:  # reported by whoever reads the exchange
+            self.error = exc
         finally:
             self.started.set()
             await self.chunks.put(None)
@@ -113,61 +123,123 @@ class _Exchange:
                 await self.task
 
 
+#: Fields the bridge sets itself on every forwarded request.
+_OWNED = frozenset({"input", "previous_response_id", "store", "stream"})
+
+
 class AppBackend:
-    """A :class:`~responses_cache.backends.base.Backend` that forwards to a wrapped app."""
+    """A :class:`~responses_cache.backends.base.Backend` that forwards to a wrapped app.
+
+    ``resolves_previous_response_ids``: whether the app looks up a ``previous_response_id`` it is
+    given (its own store). ``None`` (default): find out by asking once, with an id that cannot
+    exist: an app that answers with an error has looked it up; one that answers 2xx ignored it.
+    An uncached ``previous_response_id`` is handed to the app only when it resolves ids;
+    otherwise the client gets ``previous_response_not_found``, never a reply without its context."""
 
     accepts_media = True
 
-    def __init__(self, app: ASGIApp, *, path: str = "/v1/responses", models: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        path: str = "/v1/responses",
+        models: Sequence[str] = (),
+        resolves_previous_response_ids: bool | None = None,
+    ) -> None:
         self.app = app
         self.path = path
         self._models = list(models)
+        self.resolves_ids = resolves_previous_response_ids
+        self.probes = 0
 
     def models(self) -> Sequence[str]:
         return self._models
 
     def _body(self, request: GenerationRequest) -> bytes:
-        items = request.conversation.items()
-        body: dict[str, Any] = {
-            "model": request.model,
-            "input": items,
-            "instructions": request.instructions,
-            "tools": json.loads(request.tools.raw or b"[]"),
-            "tool_choice": request.tool_choice,
-            "parallel_tool_calls": request.parallel_tool_calls,
-            "stream": True,
-            "store": request.previous_response_id is not None,
-        }
+        # Every field the client set reaches the app (structured output, logprobs, user, …),
+        # except the ones the bridge owns.
+        body: dict[str, Any] = {k: v for k, v in request.client_fields.items() if k not in _OWNED}
+        body["model"] = request.model
+        body["input"] = request.conversation.items()
+        if request.tools.raw and request.tools.raw != b"[]":
+            body["tools"] = msgspec.Raw(request.tools.raw)
+        body["stream"] = True
+        body["store"] = request.previous_response_id is not None
         if request.previous_response_id is not None:
             body["previous_response_id"] = request.previous_response_id
-        for name in ("temperature", "top_p", "max_output_tokens", "reasoning"):
-            value = getattr(request, name)
-            if value is not None:
-                body[name] = value
-        if request.metadata:
-            body["metadata"] = request.metadata
         return encode(body)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        headers.update({k: v for k, v in request.headers.items() if k in _FORWARDED})
-        exchange = _Exchange(self.app, "POST", self.path, headers, self._body(request))
+    def _headers(self, request_headers: Mapping[str, str], *, stream: bool) -> dict[str, str]:
+        headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
+        headers.update({k: v for k, v in request_headers.items() if k in _FORWARDED})
+        return headers
+
+    async def open(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        """Send the request and wait for the app's answer to begin: a refusal (any status but
+        200, or an exception) is raised here, before the response exists, as the app's error."""
+        exchange = _Exchange(self.app, "POST", self.path, self._headers(request.headers, stream=True), self._body(request))
         try:
             await exchange.start()
             if exchange.status != 200:
-                raise _error_of(exchange.status, await exchange.read())
+                body = await exchange.read()
+                raise _refusal(exchange, body)
+        except BaseException:
+            await exchange.close()
+            raise
+        return self._events(exchange)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        events = await self.open(request)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+
+    async def _events(self, exchange: _Exchange) -> AsyncGenerator[BackendEvent, None]:
+        try:
             response = httpx.Response(
                 exchange.status, headers=exchange.headers, stream=_Stream(exchange), request=httpx.Request("POST", "http://app")
             )
             async for sse in EventSource(response).aiter_sse():
-                event = json.loads(sse.data)
+                try:
+                    event = json.loads(sse.data)
+                except ValueError:
+                    raise BackendError("The wrapped app sent an event that is not JSON.") from None
+                if not isinstance(event, dict):
+                    continue
                 for translated in _translate(event):
                     yield translated
                     if isinstance(translated, Finish):
                         return
+            if exchange.error is not None:
+                raise BackendError(f"The wrapped app failed during the response ({type(exchange.error).__name__}).")
             raise BackendError("The wrapped app ended the stream without a terminal event.")
         finally:
             await exchange.close()
+
+    async def resolves_previous_response_ids(self, model: str, headers: Mapping[str, str]) -> bool:
+        """Whether the app resolves ``previous_response_id`` itself (configured, or probed once)."""
+        if self.resolves_ids is not None:
+            return self.resolves_ids
+        self.probes += 1
+        probe = encode({
+            "model": model, "input": "ping", "previous_response_id": f"resp_responses_cache_probe_{secrets.token_hex(12)}",
+            "store": False, "stream": False, "max_output_tokens": 16,
+        })
+        exchange = _Exchange(self.app, "POST", self.path, self._headers(headers, stream=False), probe)
+        try:
+            await exchange.start()
+            body = await exchange.read()
+        finally:
+            await exchange.close()
+        if exchange.error is not None or exchange.status in (0, 401, 403, 429) or exchange.status >= 500:
+            return False  # no answer this time: fail closed now, ask again next time
+        if 200 <= exchange.status < 300:
+            self.resolves_ids = False  # it answered without the (impossible) parent: it ignores the field
+        else:
+            self.resolves_ids = exchange.status == 404 or b"previous_response" in body
+        return self.resolves_ids
 
 
 class _Stream(httpx.AsyncByteStream):
@@ -218,18 +290,48 @@ def _translate(event: dict[str, Any]) -> list[BackendEvent]:
     return []
 
 
-def _error_of(status: int, body: bytes) -> BackendError:
-    """The wrapped app refused the request: its error becomes the response's failure."""
+def _refusal(exchange: _Exchange, body: bytes) -> ResponsesError:
+    """The wrapped app refused the request before streaming: its status and message, as it would
+    have answered over HTTP (an OpenAI error envelope, or FastAPI's ``{"detail": ...}``)."""
+    status = exchange.status
+    if exchange.error is not None:  # raised (Starlette may also have answered 500 on its way out)
+        return ResponsesError(
+            f"The wrapped app failed while handling the request ({type(exchange.error).__name__}).",
+            status=500, type="server_error", code="server_error",
+        )
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    status = status if 400 <= status < 600 else 502
+    message, code, param = f"The wrapped app answered HTTP {exchange.status}.", None, None
     try:
-        error = json.loads(body)["error"]
-        return BackendError(str(error["message"]), str(error.get("code") or "server_error"))
-    except (ValueError, KeyError, TypeError):
-        return BackendError(f"The wrapped app answered HTTP {status}.")
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = payload["error"]
+        message = str(error.get("message") or message)
+        kind = str(error.get("type") or kind)
+        code = str(error["code"]) if error.get("code") is not None else None
+        param = str(error["param"]) if error.get("param") is not None else None
+    elif isinstance(payload, dict) and "detail" in payload:
+        detail = payload["detail"]
+        if isinstance(detail, str):
+            message = detail
+        elif isinstance(detail, list) and detail and isinstance(detail[0], dict):  # FastAPI validation errors
+            first = detail[0]
+            message = str(first.get("msg") or message)
+            location = [str(p) for p in first.get("loc") or () if p != "body"]
+            param = ".".join(location) or None
+        else:
+            message = json.dumps(detail)
+    elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        message = payload["message"]
+    return ResponsesError(message, status=status, type=kind, code=code, param=param)
 
 
 class AppAuthenticator:
     """Authorizes an upgrade by asking the wrapped app (``GET /v1/models``) with the client's
-    ``Authorization`` header; the tenant is derived from that credential."""
+    ``Authorization`` header: admitted only on a 2xx answer; the tenant is derived from that
+    credential."""
 
     def __init__(self, app: ASGIApp, *, path: str = "/v1/models") -> None:
         self.app = app
@@ -243,13 +345,15 @@ class AppAuthenticator:
             await exchange.read()
         finally:
             await exchange.close()
-        if exchange.status in (401, 403):
+        # Fail closed: only a 2xx admits. A 400 or 404 (a proxy that checks keys elsewhere), a
+        # 500 or an exception are refusals, never "probably fine".
+        if exchange.error is not None or not 200 <= exchange.status < 300:
             return None
         credential = forwarded.get("authorization", "")
         return "bridge-" + hashlib.sha256(credential.encode()).hexdigest()[:12] if credential else "default"
 
 
-def bridge_service(app: ASGIApp) -> Service:
+def bridge_service(app: ASGIApp, *, resolves_previous_response_ids: bool | None = None) -> Service:
     """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``; upgrades
     are authorized by ``app`` (:class:`AppAuthenticator`)."""
     from .metrics import NullMetrics
@@ -258,8 +362,9 @@ def bridge_service(app: ASGIApp) -> Service:
     from .service import ResponsesService
     from .session import SessionConfig
 
-    route = Route(name="bridge", model="*", backend=AppBackend(app), renderer=None)
-    core = ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=True)
+    backend = AppBackend(app, resolves_previous_response_ids=resolves_previous_response_ids)
+    route = Route(name="bridge", model="*", backend=backend, renderer=None)
+    core = ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=backend)
     return Service(
         core=core,
         authenticator=AppAuthenticator(app),

@@ -24,6 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import ServerConfig, create_app
     from .backends import load_backend
+    from .serving import ConnectionLimits, uvicorn_config
     from .session import SessionConfig
     from .settings import SettingsError, load_settings
 
@@ -65,11 +66,26 @@ def _serve(args: argparse.Namespace) -> int:
         context_window=settings.context_window,
         store=store,
         own_store=True,
+        process_input_bytes=settings.process_input_bytes,
+        write_timeout_s=settings.write_timeout_s,
+        tool_cache_bytes=settings.tool_cache_bytes,
+        partition_prefix_cache=settings.partition_prefix_cache,
+    )
+    limits = ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        keep_alive_s=settings.keep_alive_s,
+        max_connections=settings.max_connections,
+        ws_ping_interval_s=settings.ws_ping_interval_s,
+        ws_ping_timeout_s=settings.ws_ping_timeout_s,
+        ws_linger_s=settings.write_timeout_s,
     )
     app = create_app(config)
     host, port = settings.host, settings.port
     print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level, ws_max_size=settings.max_body_bytes)
+    server = uvicorn_config(
+        app, host=host, port=port, limits=limits, log_level=settings.log_level, ws_max_size=settings.max_body_bytes
+    )
+    uvicorn.Server(server).run()
     return 0
 
 

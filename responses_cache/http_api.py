@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
@@ -20,13 +21,18 @@ from .protocol.errors import (
     ResponsesError,
     invalid_request,
     previous_response_not_found,
+    server_error,
 )
 from .protocol.request import decode_create
 from .service import ResponsesService
+from .session import InputBudget
 from .state import ResponseState
 from .store import StoredResponse
 
 _DONE = object()
+#: Bodies from this size on yield to other requests between decoding stages.
+_LARGE_BODY = 64 * 1024
+logger = logging.getLogger("responses_cache.http")
 
 
 def error_response(error: ResponsesError) -> HTTPResponse:
@@ -38,10 +44,20 @@ def json_response(payload: object, status: int = 200) -> HTTPResponse:
 
 
 class HTTPApi:
-    def __init__(self, service: ResponsesService, authenticator: Authenticator, *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        service: ResponsesService,
+        authenticator: Authenticator,
+        *,
+        max_body_bytes: int,
+        input_budget: InputBudget | None = None,
+    ) -> None:
         self.service = service
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
+        #: The process-wide budget for request bytes held by unfinished requests (shared with
+        #: WebSocket mode): a body is charged as it is read and released when its turn ends.
+        self.input_budget = input_budget
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         return [
@@ -52,14 +68,18 @@ class HTTPApi:
         ]
 
     async def _tenant(self, request: Request) -> str:
-        tenant = await self.authenticator.authenticate(request.headers)
+        try:
+            tenant = await self.authenticator.authenticate(request.headers)
+        except Exception:  # fail closed: an authenticator that cannot answer admits no one
+            logger.exception("the authenticator failed; the request is refused")
+            tenant = None
         if tenant is None:
             raise ResponsesError(
                 "Incorrect API key provided.", status=401, code="invalid_api_key", type="invalid_request_error"
             )
         return tenant
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request, charge: _Charge) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
@@ -69,13 +89,34 @@ class HTTPApi:
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise _too_large(self.max_body_bytes)
+            charge.take(len(chunk))  # charged as it is read, as a WebSocket frame is
             chunks.append(chunk)
         return b"".join(chunks)
 
     async def create(self, request: Request) -> HTTPResponse:
+        charge = _Charge(self.input_budget)
+        try:
+            response, task = await self._create(request, charge)
+        except Exception:  # a bug, not the client's doing: still the JSON envelope, never text/plain
+            charge.release()
+            logger.exception("POST /responses failed")
+            return error_response(server_error())
+        except BaseException:
+            charge.release()
+            raise
+        if task is None:
+            charge.release()
+        else:  # the body stays referenced by the turn until it ends, however the response goes
+            task.add_done_callback(lambda _: charge.release())
+        return response
+
+    async def _create(self, request: Request, charge: _Charge) -> tuple[HTTPResponse, asyncio.Future[ResponseState] | None]:
         try:
             tenant = await self._tenant(request)
-            body = decode_create(await self._body(request))
+            raw = await self._body(request, charge)
+            body = decode_create(raw)
+            if len(raw) >= _LARGE_BODY:
+                await asyncio.sleep(0)  # decoding took a while: let other requests run in between
             if body.stream_id is not None:
                 raise invalid_request("The 'stream_id' parameter is only supported over WebSocket.", "stream_id", "unsupported_parameter")
             if body.background:
@@ -84,6 +125,7 @@ class HTTPApi:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
             route = self.service.router.resolve(turn.model, tenant)
+            del raw
             parent = None
             if body.previous_response_id is not None:
                 # The hot cache (O(new items) from here on), else the store: one round trip.
@@ -94,9 +136,9 @@ class HTTPApi:
                 self.service.pipeline.metrics.inc(f"resolved_{found[1]}_total", {"transport": "http"})
             await self.service.resolve_references(turn, parent)
         except ResponsesError as exc:
-            return error_response(exc)
+            return error_response(exc), None
         except ClientDisconnect:
-            return HTTPResponse(status_code=499)
+            return HTTPResponse(status_code=499), None
 
         queue: asyncio.Queue[object] = asyncio.Queue()
 
@@ -115,18 +157,18 @@ class HTTPApi:
             try:
                 state = await task
             except ResponsesError as exc:
-                return error_response(exc)
-            return json_response(state.response)
+                return error_response(exc), task
+            return json_response(state.response), task
 
         first = await queue.get()
         if first is _DONE:  # failed before response.created: a plain JSON error
             try:
                 await task
             except ResponsesError as exc:
-                return error_response(exc)
-            return error_response(ResponsesError("No events were produced.", status=500, type="server_error"))
+                return error_response(exc), task
+            return error_response(ResponsesError("No events were produced.", status=500, type="server_error")), task
 
-        return _EventStream(first, queue, task)
+        return _EventStream(first, queue, task), task
 
     async def retrieve(self, request: Request) -> HTTPResponse:
         try:
@@ -239,3 +281,26 @@ def _too_large(limit: int) -> ResponsesError:
     return ResponsesError(
         f"The request body is larger than the limit of {limit} bytes.", status=413, code="request_too_large"
     )
+
+
+class _Charge:
+    """The bytes one HTTP request has charged to the process-wide input budget."""
+
+    def __init__(self, budget: InputBudget | None) -> None:
+        self.budget = budget
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.budget is None:
+            return
+        if not self.budget.take(size):
+            raise ResponsesError(
+                "The server is holding too much request input; retry shortly.",
+                status=429, type="rate_limit_error", code="rate_limit_exceeded",
+            )
+        self.held += size
+
+    def release(self) -> None:
+        if self.budget is not None and self.held:
+            self.budget.release(self.held)
+        self.held = 0

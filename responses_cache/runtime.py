@@ -17,13 +17,22 @@ from .lifecycle import Resources
 from .metrics import Metrics
 from .routing import DEFAULT_CONTEXT_WINDOW
 from .service import ResponsesService
-from .session import SessionConfig
+from .session import InputBudget, SessionConfig
 
 #: Defaults shared by every entry point (``ServerConfig``, ``serve`` settings, the bridge).
-__all__ = ["DEFAULT_CONTEXT_WINDOW", "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_PROCESS_CACHE_BYTES", "Service"]
+__all__ = [
+    "DEFAULT_CONTEXT_WINDOW",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_PROCESS_CACHE_BYTES",
+    "DEFAULT_PROCESS_INPUT_BYTES",
+    "DEFAULT_WRITE_TIMEOUT_S",
+    "Service",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PROCESS_CACHE_BYTES = 4 * 1024**3
+DEFAULT_PROCESS_INPUT_BYTES = 1024**3
+DEFAULT_WRITE_TIMEOUT_S = 30.0
 
 
 @dataclass(eq=False)
@@ -40,6 +49,11 @@ class Service:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: The process-wide cap on all WebSocket connections' caches (``None``: per-connection only).
     process_cache_bytes: int | None = DEFAULT_PROCESS_CACHE_BYTES
+    #: The process-wide cap on request bytes held by unfinished turns, shared by the WebSocket
+    #: and HTTP edges (``None``: per-connection caps only).
+    input_budget: InputBudget | None = field(default_factory=lambda: InputBudget(DEFAULT_PROCESS_INPUT_BYTES))
+    #: A WebSocket write that waits on the peer longer aborts the connection.
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     resources: Resources = field(default_factory=lambda: Resources(()))
 
     async def start(self) -> None:

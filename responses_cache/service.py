@@ -14,7 +14,8 @@ Resolution goes down the tiers and stops at the first that has the state:
 from __future__ import annotations
 
 import time
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, Protocol
 
 from .conversation import EMPTY
 from .hot import HotCache
@@ -36,6 +37,14 @@ from .tokens.snapshot import restore
 Tier = Literal["hot", "snapshot", "store"]
 
 
+class ParentResolver(Protocol):
+    """A backend with a response store of its own (the bridge's wrapped app)."""
+
+    async def resolves_previous_response_ids(self, model: str, headers: Mapping[str, str]) -> bool:
+        """Whether a ``previous_response_id`` handed to it would be looked up (not ignored)."""
+        ...
+
+
 class ResponsesService:
     def __init__(
         self,
@@ -43,14 +52,15 @@ class ResponsesService:
         pipeline: Pipeline,
         store: ResponseStore | None,
         *,
-        delegate_misses: bool = False,
+        delegate_misses: ParentResolver | None = None,
         hot: HotCache | None = None,
     ) -> None:
         self.router = router
         self.pipeline = pipeline
         self.store = store
-        #: Hand an unknown ``previous_response_id`` (``store: true``) to the backend instead of
-        #: hydrating it here: the bridge's wrapped app keeps its own store.
+        #: Hand an unknown ``previous_response_id`` (``store: true``) to this backend instead of
+        #: hydrating it here, when it says it resolves ids: the bridge's wrapped app keeps its own
+        #: store. An app that would ignore the id gets no such turn (``previous_response_not_found``).
         self.delegate_misses = delegate_misses
         self.hot = hot
         #: Continuations resolved from the hot cache.
@@ -64,7 +74,7 @@ class ResponsesService:
     def supports_steering(self) -> bool:
         """Steering needs the cached parent here: a bridged app continues from its own store,
         which holds the whole target, not the part generated before the interrupt."""
-        return not self.delegate_misses
+        return self.delegate_misses is None
 
     def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
         """Decode a request's input and tools (new items only) and give the turn its id."""
@@ -97,13 +107,13 @@ class ResponsesService:
             process=self.pipeline.stored_items,
             store=self.store,
             parent=parent,
-            pass_through=self.delegate_misses,
+            pass_through=self.delegate_misses is not None,
         )
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""
         state = await self.pipeline.run(turn, parent, route, emit)
-        if self.hot is not None and self.store is not None and not self.delegate_misses:
+        if self.hot is not None and self.store is not None and self.delegate_misses is None:
             self.hot.put(state)
         return state
 

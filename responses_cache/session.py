@@ -19,6 +19,7 @@ import msgspec
 from .conversation import Conversation
 from .pipeline.interrupt import Interrupt
 from .protocol import events as ev
+from .protocol.codec import too_deep
 from .protocol.errors import (
     ErrorPayload,
     ResponsesError,
@@ -41,7 +42,14 @@ class SessionConfig:
     max_in_flight: int = 16
     max_named_lanes: int = 32
     max_queued: int = 1024
+    #: Bytes of request frames held by this connection's accepted, unfinished turns (queued or
+    #: running). A frame that would pass it gets a 429 ``error`` (a frame alone on an idle
+    #: connection is always admitted, up to the message size limit).
+    max_queued_bytes: int = 32 * 1024 * 1024
     lifetime_s: float = 3600.0
+    #: After the lifetime, turns still running may finish for this long; then the connection is
+    #: aborted and its state freed, whatever its writes are doing.
+    lifetime_grace_s: float = 60.0
     #: Per-connection cache budget: items and bytes held by the cached conversations.
     max_cached_items: int = 262_144
     max_cached_bytes: int = 256 * 1024 * 1024
@@ -64,6 +72,31 @@ class SessionConfig:
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
     )
+
+
+class InputBudget:
+    """The process-wide byte budget for request frames held by accepted, unfinished turns, shared
+    by every connection's :class:`Session` (sans-I/O: a counter, no locks, one event loop)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self.max_bytes = max_bytes
+        self.held = 0
+        #: The most ever held at once, and how many frames were refused.
+        self.peak = 0
+        self.refusals = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.max_bytes:
+            self.refusals += 1
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def release(self, size: int) -> None:
+        self.held -= size
 
 
 class _Probe(msgspec.Struct):
@@ -89,6 +122,8 @@ class PendingTurn:
     steers: list[Steer] = field(default_factory=list)
     #: An automatic successor of a steered response (the client sent no ``response.create``).
     successor: bool = False
+    #: Bytes of the frame it holds (charged to the input budgets until the turn finishes).
+    size: int = 0
 
 
 class ConnectionCache:
@@ -164,8 +199,13 @@ def _total_bytes(state: ResponseState) -> int:
 
 
 class Session:
-    def __init__(self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0) -> None:
+    def __init__(
+        self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0, input_budget: InputBudget | None = None
+    ) -> None:
         self.tenant = tenant
+        self.input_budget = input_budget
+        #: Bytes of frames held by this connection's accepted, unfinished turns.
+        self.queued_bytes = 0
         self.config = config or SessionConfig()
         self.cache = ConnectionCache(self.config.superseded_keep, self.config.superseded_grace_s)
         #: The connection's items by id, for ``item_reference`` inputs (store true or false).
@@ -173,6 +213,7 @@ class Session:
         self.deadline = now + self.config.lifetime_s
         self._outbox: list[ev.Event] = []
         self._waiting: deque[PendingTurn] = deque()
+        self._running: dict[int, PendingTurn] = {}
         self._active_lanes: set[str | None] = set()
         self._named_lanes: set[str] = set()
         self._seq = 0
@@ -186,9 +227,18 @@ class Session:
 
     def receive(self, text: str | bytes, now: float = 0.0) -> None:
         """One client text frame (``now``: the caller's clock, kept for the queue-wait metric)."""
+        # The common case, a well-formed response.create, costs one pass over the frame; anything
+        # else takes the careful path below, which names what is wrong.
+        try:
+            fast: CreateResponse | None = decode_create(text)
+        except ResponsesError:
+            fast = None
+        if fast is not None and fast.type == "response.create":
+            self._create(text, now, fast.stream_id, fast)
+            return
         try:
             probe = _probe.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             self._error(invalid_request("The message is not a valid JSON object.", None, "invalid_json"), None)
             return
         kind = probe.type
@@ -198,13 +248,19 @@ class Session:
         if kind in _IGNORED:
             return
         if kind == "response.steer":
-            self._outbox.extend(self.steering.submit(text, self.cache.find))
+            try:
+                self._outbox.extend(self.steering.submit(text, self.cache.find))
+            except RecursionError:
+                self._error(too_deep(), None)
             return
         if kind != "response.create":
             message = "Missing required parameter: 'type'." if kind is None else f"Unsupported event type: '{kind}'."
             self._error(invalid_request(message, "type", "invalid_value" if kind is not None else "missing_required_parameter"), None)
             return
-        lane = probe.stream_id
+        self._create(text, now, probe.stream_id, None)
+
+    def _create(self, text: str | bytes, now: float, lane: Any, request: CreateResponse | None) -> None:
+        """A ``response.create`` (``request``: already decoded, or ``None``)."""
         if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.fullmatch(lane)):
             self._error(
                 invalid_request(
@@ -233,21 +289,52 @@ class Session:
                 )
                 return
             self._named_lanes.add(lane)
-        try:
-            request = decode_create(text)
-            if request.background:
-                raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
-        except ResponsesError as exc:
-            self._error(exc, lane)
-            return
         if len(self._waiting) >= self.config.max_queued:
             self._error(
                 ResponsesError("Too many queued responses on this connection.", status=429, type="rate_limit_error", code="rate_limit_exceeded"),
                 lane,
             )
             return
+        size = len(text)
+        if not self._admit(size):
+            self._error(
+                ResponsesError(
+                    "Too much request input is waiting on this connection (or on this server); "
+                    "wait for responses to finish before sending more.",
+                    status=429, type="rate_limit_error", code="rate_limit_exceeded",
+                ),
+                lane,
+            )
+            return
+        try:
+            if request is None:
+                request = decode_create(text)
+            if request.background:
+                raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
+        except ResponsesError as exc:
+            self._release_size(size)
+            self._error(exc, lane)
+            return
         self._seq += 1
-        self._waiting.append(PendingTurn(request, lane, self._seq, now))
+        self._waiting.append(PendingTurn(request, lane, self._seq, now, size=size))
+
+    def _admit(self, size: int) -> bool:
+        """Charge a frame to the per-connection and process-wide input budgets."""
+        if self.queued_bytes and self.queued_bytes + size > self.config.max_queued_bytes:
+            return False
+        if self.input_budget is not None and not self.input_budget.take(size):
+            return False
+        self.queued_bytes += size
+        return True
+
+    def _release(self, pending: PendingTurn) -> None:
+        self._release_size(pending.size)
+        pending.size = 0
+
+    def _release_size(self, size: int) -> None:
+        self.queued_bytes -= size
+        if self.input_budget is not None:
+            self.input_budget.release(size)
 
     def tick(self, now: float) -> None:
         """Advance the clock: past the deadline, refuse new work and close once idle."""
@@ -255,6 +342,7 @@ class Session:
             self.expired = True
             for pending in self._waiting:
                 self._limit_reached(pending.lane)
+                self._release(pending)
             self._waiting.clear()
         if self.expired and self.in_flight == 0 and self.close_code is None:
             if not self._limit_sent:  # the client has not been told yet: tell it before closing
@@ -278,6 +366,7 @@ class Session:
                 pending.request, pending.steers = self.steering.prepend(pending.request, pending.lane)
             self._active_lanes.add(pending.lane)
             self.in_flight += 1
+            self._running[pending.seq] = pending
             ready.append(pending)
         return ready
 
@@ -320,6 +409,8 @@ class Session:
         (``now``: the caller's clock, for the superseded responses' grace period)."""
         self.in_flight -= 1
         self._active_lanes.discard(pending.lane)
+        self._running.pop(pending.seq, None)
+        self._release(pending)
         ok = state is not None and state.response.status != "failed"
         if ok:
             assert state is not None
@@ -386,7 +477,10 @@ class Session:
         self.cache.clear()
         self.items.clear()
         self.steering.clear()
+        for pending in [*self._waiting, *self._running.values()]:
+            self._release(pending)
         self._waiting.clear()
+        self._running.clear()
         self._outbox.clear()
         self._active_lanes.clear()
         self._named_lanes.clear()

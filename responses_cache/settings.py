@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from .runtime import DEFAULT_CONTEXT_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PROCESS_CACHE_BYTES
+from .runtime import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PROCESS_CACHE_BYTES,
+    DEFAULT_PROCESS_INPUT_BYTES,
+    DEFAULT_WRITE_TIMEOUT_S,
+)
 
 ENV_PREFIX = "RESPONSES_CACHE_"
 
@@ -60,6 +66,15 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Keep token-log snapshots in the store, so another process appends instead of re-rendering.
     store_snapshots: bool = True
     context_window: int = DEFAULT_CONTEXT_WINDOW
+    process_input_bytes: int = DEFAULT_PROCESS_INPUT_BYTES
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    tool_cache_bytes: int = 64 * 1024 * 1024
+    partition_prefix_cache: bool = True
+    header_timeout_s: float = 10.0
+    keep_alive_s: int = 5
+    max_connections: int = 2048
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)

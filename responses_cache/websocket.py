@@ -9,7 +9,11 @@ lifespan, other WebSocket paths) through untouched. Each connection runs three k
 * one **writer** draining a bounded outbound queue to the socket.
 
 A disconnect cancels every in-flight turn (the backend sees the cancellation) and frees the
-connection's state.
+connection's state. So does a peer that stops reading: every write has a timeout
+(``write_timeout_s``), after which the connection is aborted, and the lifetime is enforced even
+while writes are blocked (``SessionConfig.lifetime_grace_s`` after the deadline, the connection is
+aborted whatever it is doing). Request frames held by unfinished turns are charged to a
+per-connection and a process-wide byte budget (:class:`~.session.InputBudget`).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from .protocol.errors import (
 )
 from .routing import RouteCache
 from .runtime import Service
-from .session import PendingTurn, Session, SessionConfig
+from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
 
 logger = logging.getLogger("responses_cache.websocket")
+_LARGE_FRAME = 64 * 1024
 _CLOSE = b""  # outbound marker: close the socket (encoded events are never empty)
 
 
@@ -56,6 +61,9 @@ class WebSocketMode:
     The bridge, ``app.add_middleware(WebSocketMode)`` (no service): each turn is forwarded
     in-process to the app's own ``POST /v1/responses`` with the whole conversation (see
     :mod:`responses_cache.bridge`); upgrades are authorized by the app itself.
+
+    Who may connect is the service's authenticator (a service always has one); the bridge admits
+    an upgrade only when the app answers 2xx.
     """
 
     def __init__(
@@ -65,17 +73,22 @@ class WebSocketMode:
         *,
         paths: Sequence[str] = ("/v1/responses",),
         outbound_queue: int = 1024,
+        resolves_previous_response_ids: bool | None = None,
     ) -> None:
         self.app = app
         if service is None:
             from .bridge import bridge_service
 
-            service = bridge_service(app)
+            service = bridge_service(app, resolves_previous_response_ids=resolves_previous_response_ids)
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
         self.outbound_queue = outbound_queue
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
         self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
+        #: A write (an event, the close frame) that takes longer aborts the connection.
+        self.write_timeout_s = service.write_timeout_s
+        #: Connections aborted because a write timed out or the lifetime grace ran out.
+        self.aborted = 0
         self.connections = 0
 
     @property
@@ -90,6 +103,11 @@ class WebSocketMode:
     def max_message_bytes(self) -> int:
         return self.service.max_message_bytes
 
+    @property
+    def input_budget(self) -> InputBudget | None:
+        """The process-wide cap on request frames held by unfinished turns (shared with HTTP)."""
+        return self.service.input_budget
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
@@ -98,7 +116,11 @@ class WebSocketMode:
             await self.app(scope, receive, send)
             return
         websocket = WebSocket(scope, receive, send)
-        tenant = await self.service.authenticator.authenticate(websocket.headers)
+        try:
+            tenant = await self.service.authenticator.authenticate(websocket.headers)
+        except Exception:  # fail closed: an authenticator that cannot answer admits no one
+            logger.exception("the authenticator failed; the upgrade is refused")
+            tenant = None
         if tenant is None:
             await _deny(websocket, ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key"))
             return
@@ -158,7 +180,7 @@ class _Connection:
         self.ws = websocket
         self._asgi_send = send
         self.service = mode.service.core
-        self.session = Session(tenant, mode.config, now=time.monotonic())
+        self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         self.routes = RouteCache(self.service.router, tenant)
@@ -171,59 +193,104 @@ class _Connection:
         self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
         self.closed = False
+        self._reader: asyncio.Task[tuple[int, bool]] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._aborted = False
+        #: When the write in progress started (``None``: no write in progress).
+        self._write_started: float | None = None
 
     async def run(self) -> None:
-        writer = asyncio.ensure_future(self._writer())
+        writer = self._writer_task = asyncio.ensure_future(self._writer())
         lifetime = asyncio.ensure_future(self._lifetime())
-        close_code = 1000
-        disconnected = False
+        watchdog = asyncio.ensure_future(self._watchdog())
+        reader = self._reader = asyncio.ensure_future(self._read())
+        close_code, disconnected = 1000, False
         try:
-            while True:
-                message = await self.ws.receive()
-                kind = message["type"]
-                if kind == "websocket.disconnect":
-                    disconnected = True
-                    break
-                text = message.get("text")
-                if text is None:
-                    close_code = 1003  # binary frames are not part of the protocol
-                    break
-                if len(text) > self.mode.max_message_bytes:
-                    close_code = 1009
-                    break
-                self.session.receive(text, time.perf_counter())
-                del message, text  # a decoded frame must not outlive its turn (memory per connection)
-                await self._pump()
-                if self.session.close_code is not None:
-                    break
+            close_code, disconnected = await reader
+        except asyncio.CancelledError:
+            if not self._aborted:  # cancelled from outside (server shutdown): still clean up
+                reader.cancel()
+                raise
+            disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
             self.closed = True
             lifetime.cancel()
+            watchdog.cancel()
             for task in list(self.turns):
                 task.cancel()
             # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
-            await asyncio.gather(lifetime, *self.turns, return_exceptions=True)
+            await asyncio.gather(lifetime, watchdog, *self.turns, return_exceptions=True)
             self.session.close()
             if self.mode.budget is not None:
                 self.mode.budget.forget(self.session)
             if self.session.close_code is not None:
                 close_code = self.session.close_code
-            if disconnected:
+            if disconnected or self._aborted:
                 writer.cancel()  # nobody to flush to
+                self._discard_outbound()
             else:
                 await self.outbound.put(None)  # the writer never stops reading before this
             with contextlib.suppress(BaseException):
                 await writer
-            if not disconnected:
+            if not disconnected and self._usable:
                 with contextlib.suppress(Exception):
-                    await self.ws.close(close_code)
+                    await asyncio.wait_for(self.ws.close(close_code), self.mode.write_timeout_s)
+
+    async def _read(self) -> tuple[int, bool]:
+        """Feed frames to the session until the peer leaves or the session closes:
+        ``(close code, whether the peer disconnected)``."""
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return 1000, True
+            text = message.get("text")
+            if text is None:
+                return 1003, False  # binary frames are not part of the protocol
+            if len(text) > self.mode.max_message_bytes:
+                return 1009, False
+            large = len(text) >= _LARGE_FRAME
+            self.session.receive(text, time.perf_counter())
+            del message, text  # a decoded frame must not outlive its turn (memory per connection)
+            await self._pump()
+            if large:
+                # Decoding a large frame took a while: let other connections run before the next
+                # (frames already buffered are otherwise read back to back without yielding).
+                await asyncio.sleep(0)
+            if self.session.close_code is not None:
+                return 1000, False
+
+    def _abort(self) -> None:
+        """A stuck peer: stop writing, cancel every turn and the reader; :meth:`run` frees the state."""
+        if self._aborted:
+            return
+        self._aborted = True
+        self._usable = False
+        self.mode.aborted += 1
+        for task in self.turns:
+            task.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+        self._discard_outbound()  # wakes anything waiting to queue an event
+
+    def _discard_outbound(self) -> None:
+        while not self.outbound.empty():
+            self.outbound.get_nowait()
 
     async def _lifetime(self) -> None:
-        """At the connection's deadline, tell the session (which refuses new work and closes)."""
+        """At the connection's deadline, tell the session (which refuses new work and closes once
+        idle); if the connection is still there after the grace period, abort it."""
         deadline = self.session.deadline
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         self.session.tick(max(time.monotonic(), deadline))
-        await self._pump()
+        grace = asyncio.ensure_future(asyncio.sleep(self.mode.config.lifetime_grace_s))
+        try:
+            await self._pump()  # may wait on a blocked write (bounded by the write timeout)
+            await grace
+        finally:
+            grace.cancel()
+        self._abort()
 
     async def _pump(self) -> None:
         """Send the session's errors, start what may start, and close when the session says so."""
@@ -259,12 +326,27 @@ class _Connection:
     async def _write(self, data: bytes) -> None:
         if not self._usable:
             return
+        self._write_started = time.monotonic()  # the watchdog aborts a write that never returns
         try:
             await self._asgi_send({"type": "websocket.send", "text": data.decode()})
         except Exception:  # the peer went away: stop generating for it
             self._usable = False
             for task in self.turns:
                 task.cancel()
+        finally:
+            self._write_started = None
+
+    async def _watchdog(self) -> None:
+        """Abort the connection when one write (an event, the close frame) has been waiting on the
+        peer for longer than ``write_timeout_s``: one timer per connection, nothing per write."""
+        timeout = self.mode.write_timeout_s
+        while True:
+            await asyncio.sleep(timeout / 4)
+            started = self._write_started
+            if started is not None and time.monotonic() - started > timeout:
+                logger.info("a write waited on the peer for over %ss: aborting the connection", timeout)
+                self._abort()
+                return
 
     async def _writer(self) -> None:
         """Drains the outbound queue until ``None``. It keeps draining after the socket broke or was
@@ -277,8 +359,13 @@ class _Connection:
                 if data is _CLOSE:
                     if self._usable:
                         self._usable = False
-                        with contextlib.suppress(Exception):
+                        self._write_started = time.monotonic()
+                        try:
                             await self.ws.close(self.session.close_code or 1000)
+                        except Exception:
+                            pass
+                        finally:
+                            self._write_started = None
                 else:
                     await self._write(data)
                 self._queued -= 1
@@ -311,6 +398,8 @@ class _Connection:
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
         turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
+        if pending.size >= _LARGE_FRAME:
+            await asyncio.sleep(0)  # decoding took a while: let other connections run in between
         grace_hits = session.cache.grace_hits
         parent = session.resolve(pending, time.monotonic())
         route = self.routes.get(turn.model)
@@ -323,7 +412,10 @@ class _Connection:
                     metrics.inc("cache_grace_hits_total", labels)
             else:
                 metrics.inc("cache_misses_total", labels)
-                if pending.request.store and service.delegate_misses:
+                delegate = service.delegate_misses
+                if pending.request.store and delegate is not None and await delegate.resolves_previous_response_ids(
+                    turn.model, self.credentials
+                ):
                     turn.delegated_parent = wanted
                 elif pending.request.store:
                     # The process-wide hot cache, then the store (and its token-log snapshot).

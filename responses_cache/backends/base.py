@@ -63,6 +63,11 @@ class GenerationRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     #: Credentials of the client's request (``authorization``), for backends that forward them.
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: The client's request fields as sent (those that differ from their defaults), ``input`` and
+    #: ``tools`` aside (see ``conversation`` and ``tools``): ``text``, ``top_logprobs``,
+    #: ``truncation``, ``user``, ``include``… for backends that forward requests or map them onto
+    #: engine options.
+    client_fields: Mapping[str, Any] = field(default_factory=dict)
     #: Set only when the server delegates an unknown ``previous_response_id`` to a backend that
     #: keeps its own response store (the bridge to a wrapped app); ``conversation`` is then just
     #: the new input.
@@ -167,3 +172,16 @@ class Backend(Protocol):
     def accepts_media(self) -> bool:
         """Whether ``input_image``/``input_file`` parts can be handed to this engine."""
         ...
+
+
+@runtime_checkable
+class StartableBackend(Protocol):
+    """A backend that can refuse a request before the response exists.
+
+    The pipeline awaits ``open`` before it sends ``response.created``; a
+    :class:`~responses_cache.protocol.errors.ResponsesError` raised there reaches the client as a
+    plain error (an HTTP 4xx, a WebSocket ``error`` event) with its status and message, as if the
+    server had refused the request itself. The returned iterator is then consumed like
+    ``generate``'s."""
+
+    async def open(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]: ...

@@ -5,7 +5,8 @@ Timing model (all rates configurable; ``instant=True`` makes every delay zero):
 * **prefill** — time to first token = ``uncached prompt tokens / prefill_tokens_per_s``. The
   engine is one replica with a block-level prefix cache (:class:`PrefixCache`, 128-token blocks,
   2M tokens by default): the leading whole blocks it has seen before count as cached, whoever sent
-  them, as in vLLM's automatic prefix caching.
+  them, as in vLLM's automatic prefix caching, within one ``cache_salt`` (the pipeline gives each
+  tenant its own by default).
 * **decode** — output streams at ``output_tokens_per_s``, one delta per output token.
 
 Default policy, enough to drive a real agent client end to end:
@@ -148,7 +149,7 @@ class SimulatedEngine:
         previous = self._resume.get(request.affinity_key)
         if previous is not None and log.common_prefix(previous[0]) >= previous[1][0]:
             resume = previous[1]
-        cached = self._kv.lookup_and_insert(tokens, resume=resume)
+        cached = self._kv.lookup_and_insert(tokens, resume=resume, salt=request.cache_salt)
         self._resume[request.affinity_key] = (log, self._kv.last_boundary)
         return len(tokens), cached
 
@@ -206,8 +207,8 @@ class PrefixCache:
     """A block-level prefix cache, as engines keep one (vLLM's automatic prefix caching, Cerebras'
     prompt caching): the prompt is cut into whole blocks, each identified by a hash chained over
     every block before it, and a request reuses its longest run of leading blocks already seen.
-    Least recently used blocks are dropped beyond ``capacity_tokens``. Content decides, not which
-    client or connection sent the prompt."""
+    Least recently used blocks are dropped beyond ``capacity_tokens``. Content and ``cache_salt``
+    decide, not which client or connection sent the prompt."""
 
     def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
         self.block_tokens = block_tokens
@@ -215,12 +216,16 @@ class PrefixCache:
         #: ``(tokens, chained hash)`` at the last whole block of the latest prompt.
         self.last_boundary: tuple[int, bytes] = (0, b"")
 
-    def lookup_and_insert(self, tokens: Sequence[int], *, resume: tuple[int, bytes] | None = None) -> int:
+    def lookup_and_insert(
+        self, tokens: Sequence[int], *, resume: tuple[int, bytes] | None = None, salt: str | None = None
+    ) -> int:
         """Tokens of ``tokens``' prefix found in the cache; its whole blocks are then cached.
 
         ``resume`` — ``(tokens, chained hash)`` at a block boundary of an earlier prompt that this
-        one extends — skips re-hashing that prefix when its last block is still cached."""
-        start, digest = 0, b""
+        one extends — skips re-hashing that prefix when its last block is still cached. ``salt``
+        (a request's ``cache_salt``) seeds the hash chain, as vLLM does: prompts with different
+        salts never share blocks."""
+        start, digest = 0, (hashlib.blake2b(salt.encode(), digest_size=16).digest() if salt else b"")
         if resume is not None and resume[0] <= len(tokens) and resume[1] in self._blocks:
             start, digest = resume
             self._blocks[digest] = None  # touch

@@ -10,22 +10,29 @@ with ``response.failed`` (the returned state then has status ``failed``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
+import hashlib
 import logging
+import os
 import re
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ..backends.base import (
     BackendError,
+    BackendEvent,
     EngineUsage,
     Finish,
     GenerationRequest,
     Prompt,
     ReasoningDelta,
+    StartableBackend,
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
@@ -35,7 +42,9 @@ from ..protocol import events as ev
 from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError
 from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
+from ..protocol.request import client_fields
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..protocol.tools import tool_cache
 from ..references import ItemIndex
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
@@ -44,7 +53,7 @@ from ..tokens.snapshot import delta
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner
 from .interrupt import Interrupt
-from .render import RenderedPrompt, extend_with_output, render
+from .render import RenderedPrompt, extend_with_output, render, text_chars
 from .turn import Turn
 from .validate import Validator
 
@@ -81,6 +90,18 @@ def steerable_boundary(out: OutputBuilder, event: object) -> bool:
     return False  # inside a tool call
 
 
+def _lower_priority() -> None:
+    """Run a tokenizer thread at a lower CPU priority than the event loop (Linux schedules threads
+    individually), so a flood of huge prompts slows down its own renders, not every connection."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+
+
+def tenant_salt(tenant: str) -> str:
+    """The engine prefix-cache salt of a tenant: stable, and not the tenant's name."""
+    return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 class UsageSubmitter(Protocol):
     def submit(self, record: UsageRecord) -> None: ...
 
@@ -114,7 +135,19 @@ class Pipeline:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         max_indexed_items: int = 200_000,
+        offload_chars: int = 64 * 1024,
+        tokenizer_threads: int | None = None,
+        partition_prefix_cache: bool = True,
     ) -> None:
+        #: Give each tenant its own engine prefix cache (``GenerationRequest.cache_salt``), so time
+        #: to first token cannot tell one tenant what another sent. ``False`` shares the cache.
+        self.partition_prefix_cache = partition_prefix_cache
+        #: Renders that tokenize at least this many characters run on a worker thread.
+        self.offload_chars = offload_chars
+        #: Worker threads for those renders (more wait their turn, off the event loop). Default: a
+        #: quarter of the CPUs, at least one, so floods of huge prompts leave the rest to the loop.
+        self.tokenizer_threads = tokenizer_threads or max(1, (os.cpu_count() or 1) // 4)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.store = store
         #: Stored items by id (tenant-scoped), for ``item_reference`` inputs: each entry names the
         #: stored response that holds the item.
@@ -155,11 +188,18 @@ class Pipeline:
         context = parent.conversation if parent else EMPTY
         rendered: RenderedPrompt | None = None
         if route.renderer is not None:
+            call = functools.partial(
+                render, route.renderer, parent, context, items, request.instructions, turn.tools,
+                context_window=route.context_window,
+            )
             try:
-                rendered = render(
-                    route.renderer, parent, context, items, request.instructions, turn.tools,
-                    context_window=route.context_window,
-                )
+                if self._render_size(parent, items) >= self.offload_chars:
+                    # A large tokenization runs on a worker thread (tiktoken releases the GIL), so one
+                    # client's huge prompt does not stall every other connection on this event loop.
+                    self.metrics.inc("renders_offloaded_total", {"transport": turn.transport})
+                    rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+                else:
+                    rendered = call()
             except ResponsesError as exc:
                 raise renumbered(exc, turn.reused_items) from None
         t2 = time.perf_counter()
@@ -174,6 +214,13 @@ class Pipeline:
         alongside_state: dict[str, Any] = {}
         engine_usage = None
         finish: Finish | None = None
+        generation: GenerationRequest | None = None
+        opened: AsyncGenerator[BackendEvent, None] | None = None
+        if request.generate:
+            generation = self._generation_request(turn, route, rendered, input_context)
+            if isinstance(route.backend, StartableBackend):
+                # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
+                opened = await route.backend.open(generation)
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
             # Its open entry is in the journal before the client hears of it.
@@ -185,10 +232,10 @@ class Pipeline:
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
-            if request.generate:
-                generation = self._generation_request(turn, route, rendered, input_context)
+            if generation is not None:
+                stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
-                    route, generation, out, ctx, items, parent, turn.response_id, turn.interrupt
+                    route, generation, out, ctx, items, parent, turn.response_id, turn.interrupt, stream
                 )
                 engine_usage = finish.usage if finish else None
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
@@ -223,6 +270,11 @@ class Pipeline:
                 logger.exception("generation failed for %s", turn.response_id)
                 code, message = "server_error", "The server had an error while processing your request."
             status, error = "failed", ResponseErrorInfo(code, message)
+        finally:
+            aclose = getattr(opened, "aclose", None)  # started, but never handed to _generate
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
         timings["generate"] = time.perf_counter() - t2
 
         # finalize: the child state shares everything it can with its parent.
@@ -251,6 +303,8 @@ class Pipeline:
             conversation_key=turn.conversation_key,
             total_bytes=(parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items),
         )
+        if status != "failed":
+            tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
         if request.store and self.store is not None and status != "failed":
             # A full-input request matched against the cache has no previous_response_id: store the
             # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
@@ -286,9 +340,34 @@ class Pipeline:
         self._observe(turn, rendered, status)
         return state
 
+    def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.tokenizer_threads, thread_name_prefix="responses-cache-render", initializer=_lower_priority
+            )
+        return self._executor
+
+    def close(self) -> None:
+        """Stop the tokenizer threads (idle ones exit at once; running renders finish)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    async def aclose(self) -> None:
+        """:meth:`close`, as the owning service's lifecycle calls it."""
+        self.close()
+
     @staticmethod
+    def _render_size(parent: ResponseState | None, items: list[Item]) -> int:
+        """Characters a render will tokenize, about: the new items, plus the whole history when the
+        parent has no token log to extend (a full render)."""
+        size = text_chars(items)
+        if parent is not None and parent.token_log is None:
+            size += parent.total_bytes
+        return size
+
     def _generation_request(
-        turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation
+        self, turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation
     ) -> GenerationRequest:
         request = turn.request
         return GenerationRequest(
@@ -307,7 +386,10 @@ class Pipeline:
             reasoning=request.reasoning,
             metadata=request.metadata or {},
             headers=turn.headers,
+            client_fields=client_fields(request),
             previous_response_id=turn.delegated_parent,
+            tenant=turn.tenant,
+            cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
         )
 
     async def _generate(
@@ -320,6 +402,7 @@ class Pipeline:
         parent: ResponseState | None,
         response_id: str,
         interrupt: Interrupt | None = None,
+        opened: AsyncGenerator[BackendEvent, None] | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
         """Stream the backend; alongside hooks run concurrently and a flag stops generation, as
         does steering (``interrupt``) at the next safe boundary."""
@@ -335,8 +418,11 @@ class Pipeline:
         states: dict[str, Any] = {}
         journal = self.journal
         marked_items = marked_tokens = 0
-        stream = route.backend.generate(generation)
+        stream = opened if opened is not None else route.backend.generate(generation)
         events = stream.__aiter__()
+        #: The backend step racing the hooks, while one is in flight: it must end before the
+        #: stream is closed (closing a generator that is still running raises RuntimeError).
+        step: asyncio.Future[BackendEvent] | None = None
         try:
             while True:
                 try:
@@ -350,11 +436,9 @@ class Pipeline:
                             flag, states = watcher.result()
                             watcher = None
                             if flag is not None:
-                                step.cancel()
-                                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                                    await step
                                 return flag, states, None
                         event = await step
+                        step = None
                 except StopAsyncIteration:
                     break
                 if isinstance(event, Finish):
@@ -370,6 +454,11 @@ class Pipeline:
                     marked_items, marked_tokens = len(out.output), out.output_tokens
                     journal.progress(response_id, out.output_tokens, out.reasoning_tokens)
         finally:
+            if step is not None and not step.done():
+                step.cancel()  # the cancellation reaches the backend's generator at its await
+            if step is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await step
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -13,9 +13,20 @@ from typing import TYPE_CHECKING
 
 from ..conversation import Conversation
 from ..protocol.errors import ResponsesError, invalid_request
-from ..protocol.items import Item
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    HostedItem,
+    Item,
+    Message,
+    Reasoning,
+    content_texts,
+)
 from ..protocol.tools import ToolSet
 from ..state import ResponseState
+from ..tokens.base import longest_token_within, max_token_bytes
 from ..tokens.errors import RenderError
 
 if TYPE_CHECKING:
@@ -44,6 +55,11 @@ def render(
 ) -> RenderedPrompt:
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
+    # Reject what cannot fit before tokenizing it (a known parent log counts exactly).
+    known = parent.token_log.num_tokens if incremental_attempt and parent is not None and parent.token_log is not None else 0
+    floor = known + token_floor(renderer, items, context_window - known)
+    if floor > context_window:
+        raise _too_long(context_window, floor, at_least=True)
     try:
         if incremental_attempt:
             assert parent is not None and parent.token_log is not None
@@ -59,13 +75,73 @@ def render(
         param = f"input[{index}].{exc.param}" if index >= 0 else "input"
         raise invalid_request(exc.message, param, "unsupported_value") from None
     if log.num_tokens > context_window:
-        raise ResponsesError(
-            f"This model's maximum context length is {context_window} tokens. However, your "
-            f"messages resulted in {log.num_tokens} tokens. Please reduce the length of the messages.",
-            code="context_length_exceeded",
-            param="input",
-        )
+        raise _too_long(context_window, log.num_tokens, at_least=False)
     return RenderedPrompt(log, fingerprint, cached, incremental)
+
+
+def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesError:
+    return ResponsesError(
+        f"This model's maximum context length is {context_window} tokens. However, your "
+        f"messages resulted in {'at least ' if at_least else ''}{tokens} tokens. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+        param="input",
+    )
+
+
+#: Above ``room * this`` characters the floor is refined by the text's own bytes (see token_floor).
+_REFINE_FACTOR = 4
+
+
+def token_floor(renderer: Renderer, items: Sequence[Item], room: int) -> int:
+    """At least how many tokens the items' text will take, computed without tokenizing.
+
+    Every token is a substring of the text it encodes, so it is no longer than the vocabulary's
+    longest byte string (``max_token_bytes``), and no longer than the longest token made only of
+    bytes the text contains (``longest_token_within``): text of ``n`` bytes needs at least ``n /
+    that`` tokens. The first bound is free; the second costs a scan for each distinct byte and is
+    taken only when the text is large enough to matter (it turns a 10 MB one-word input into an
+    immediate refusal instead of seconds of tokenizing). Reasoning items are left out: a template
+    may hide them from the prompt."""
+    texts = _prompt_texts(items)
+    chars = sum(map(len, texts))
+    encoding = renderer.encoding
+    floor = chars // max_token_bytes(encoding)
+    if floor <= room and chars > _REFINE_FACTOR * max(room, 0):
+        data = "".join(texts).encode("utf-8", "surrogatepass")
+        floor = len(data) // longest_token_within(encoding, data)
+    return floor
+
+
+def _prompt_texts(items: Sequence[Item]) -> list[str]:
+    """The texts of the items that every template renders into the prompt."""
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, Message):
+            out.extend(content_texts(item.content))
+        elif isinstance(item, FunctionCall):
+            out.append(item.arguments)
+        elif isinstance(item, FunctionCallOutput):
+            out.extend(content_texts(item.output))
+    return out
+
+
+def text_chars(items: Sequence[Item]) -> int:
+    """Characters of text the items carry (what rendering them tokenizes, structure aside)."""
+    total = 0
+    for item in items:
+        if isinstance(item, Message):
+            total += sum(map(len, content_texts(item.content)))
+        elif isinstance(item, FunctionCall):
+            total += len(item.arguments) + len(item.name)
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+            total += sum(map(len, content_texts(item.output)))
+        elif isinstance(item, CustomToolCall):
+            total += len(item.input) + len(item.name)
+        elif isinstance(item, Reasoning):
+            total += sum(len(s.text) for s in item.summary) + sum(len(c.text) for c in item.content or ())
+        elif isinstance(item, HostedItem):
+            total += len(item.raw)
+    return total
 
 
 def extend_with_output(

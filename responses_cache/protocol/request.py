@@ -12,15 +12,18 @@ from typing import Any, Literal
 
 import msgspec
 
+from .codec import check_depth, decode, not_json, too_deep
 from .errors import ResponsesError, from_validation_error, invalid_request
 from .items import (
     HOSTED_ITEM_TYPES,
     HOSTED_ITEMS,
     ITEM_TYPES,
+    FunctionCallOutput,
     HostedItem,
     Item,
     ItemReference,
     Message,
+    OutputText,
     WireItem,
 )
 
@@ -77,22 +80,22 @@ _item_decoder: msgspec.json.Decoder[WireItem] = msgspec.json.Decoder(WireItem)  
 _reference_decoder = msgspec.json.Decoder(ItemReference)
 _message_decoder = msgspec.json.Decoder(Message)
 _type_probe = msgspec.json.Decoder(dict[str, Any])
+_str_decoder = msgspec.json.Decoder(str)
+
+#: The fields the wire type leaves free-form (``Any`` inside): held to ``MAX_DEPTH`` levels.
+_FREE_FORM = (
+    "tool_choice", "reasoning", "text", "prompt", "prompt_cache_options", "context_management",
+    "conversation", "moderation", "stream_options", "access_programs",
+)
 
 
 def decode_create(body: bytes | str) -> CreateResponse:
     """Decode a create body; raises :class:`ResponsesError` (400) naming the bad field."""
-    try:
-        request = _create_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise from_validation_error(exc) from None
-    except msgspec.DecodeError:
-        raise invalid_request(
-            "We could not parse the JSON body of your request. The body must be a JSON object.",
-            None,
-            "invalid_json",
-        ) from None
+    request = decode(_create_decoder, body)
     if request.model is None or request.model == "":
         raise invalid_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+    for name in _FREE_FORM:
+        check_depth(getattr(request, name), name)
     return request
 
 
@@ -102,10 +105,10 @@ def decode_input(raw: msgspec.Raw | bytes) -> list[Item]:
     if not data or data == b"null":
         return []
     if data[:1] == b'"':
-        return [Message(role="user", content=msgspec.json.decode(data, type=str))]
+        return [Message(role="user", content=decode(_str_decoder, data, prefix="input"))]
     try:
         elements = _raw_list_decoder.decode(data)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         raise invalid_request(
             "Invalid type for 'input': expected a string or an array of input items.", "input", "invalid_type"
         ) from None
@@ -115,26 +118,39 @@ def decode_input(raw: msgspec.Raw | bytes) -> list[Item]:
 def decode_item(element: msgspec.Raw | bytes, index: int) -> Item:
     """Decode one input item. A message may omit ``type`` (the "easy" input message form), and so
     may an item reference (``{"id": "msg_…"}``). Hosted-tool items are kept as sent."""
+    item: Item
     try:
-        return _item_decoder.decode(element)
+        item = _item_decoder.decode(element)
     except msgspec.ValidationError as exc:
         head = _probe(element, index)
         kind = head.get("type")
         if kind is None and "role" in head:
-            try:
-                return _message_decoder.decode(_with_type(element))
-            except msgspec.ValidationError as inner:
-                raise from_validation_error(inner, f"input[{index}]") from None
-        if kind is None and "id" in head:
-            try:
-                return _reference_decoder.decode(_with_type(element, b"item_reference"))
-            except msgspec.ValidationError as inner:
-                raise from_validation_error(inner, f"input[{index}]") from None
-        if isinstance(kind, str) and kind in HOSTED_ITEM_TYPES:
-            return _hosted(kind, head, element, index)
-        if isinstance(kind, str) and kind not in ITEM_TYPES:
+            item = decode(_message_decoder, _with_type(element), prefix=f"input[{index}]")
+        elif kind is None and "id" in head:
+            item = decode(_reference_decoder, _with_type(element, b"item_reference"), prefix=f"input[{index}]")
+        elif isinstance(kind, str) and kind in HOSTED_ITEM_TYPES:
+            item = _hosted(kind, head, element, index)
+        elif isinstance(kind, str) and kind not in ITEM_TYPES:
             raise unsupported_item(kind, index) from None
-        raise from_validation_error(exc, f"input[{index}]") from None
+        else:
+            raise from_validation_error(exc, f"input[{index}]") from None
+    except msgspec.DecodeError:
+        raise not_json(f"input[{index}]") from None
+    except RecursionError:
+        raise too_deep(f"input[{index}]") from None
+    _check_item_depth(item, index)
+    return item
+
+
+def _check_item_depth(item: Item, index: int) -> None:
+    """The only free-form values an item can carry: an output text part's annotations/logprobs."""
+    content = item.content if isinstance(item, Message) else item.output if isinstance(item, FunctionCallOutput) else None
+    if content is None or isinstance(content, str):
+        return
+    for j, part in enumerate(content):
+        if isinstance(part, OutputText) and (part.annotations or part.logprobs):
+            check_depth(part.annotations, f"input[{index}].content[{j}].annotations")
+            check_depth(part.logprobs, f"input[{index}].content[{j}].logprobs")
 
 
 def _hosted(kind: str, head: dict[str, Any], element: msgspec.Raw | bytes, index: int) -> HostedItem:
@@ -167,10 +183,12 @@ def unsupported_item(kind: str, index: int) -> ResponsesError:
 def _probe(element: msgspec.Raw | bytes, index: int) -> dict[str, Any]:
     try:
         head = _type_probe.decode(element)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, RecursionError):  # ValidationError first: it is a DecodeError
         raise invalid_request(
             f"Invalid type for 'input[{index}]': expected an object.", f"input[{index}]", "invalid_type"
         ) from None
+    except msgspec.DecodeError:
+        raise not_json(f"input[{index}]") from None
     return head
 
 
@@ -178,3 +196,21 @@ def _with_type(element: msgspec.Raw | bytes, tag: bytes = b"message") -> bytes:
     data = bytes(element).lstrip()
     head = b'{"type":"' + tag + b'"'
     return head + b"," + data[1:] if data[1:].lstrip()[:1] != b"}" else head + b"}"
+
+
+#: Fields that are not request options: the input and tools (carried parsed) and WebSocket framing.
+_NOT_FORWARDED = frozenset({"input", "tools", "type", "stream_id", "generate"})
+_DEFAULTS = CreateResponse()
+
+
+def client_fields(request: CreateResponse) -> dict[str, Any]:
+    """The request's fields as the client set them (values other than the defaults), for backends
+    that forward the request (``input``, ``tools`` and WebSocket framing left out)."""
+    out: dict[str, Any] = {}
+    for name in request.__struct_fields__:
+        if name in _NOT_FORWARDED:
+            continue
+        value = getattr(request, name)
+        if value != getattr(_DEFAULTS, name):
+            out[name] = value
+    return out

@@ -1,8 +1,9 @@
 """Tool definitions offered to the model.
 
 Tools arrive as raw JSON (``msgspec.Raw``) on every request; agent clients resend the same tool
-list each turn. :func:`parse_tools` decodes a list once per distinct byte string and caches the
-result, so a connection that repeats its tools pays for parsing only once.
+list each turn. :func:`parse_tools` looks a list up by its exact bytes in the process-wide :class:`ToolCache`
+(bounded in bytes, filled only by turns that succeeded), so a connection that repeats its tools
+pays for parsing only once, and a flood of distinct rejected lists pins nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 from cachetools import LRUCache
 
+from .codec import check_depth, decode
 from .errors import invalid_request
 
 
@@ -91,45 +93,100 @@ _namespace_decoder = msgspec.json.Decoder(NamespaceTool)
 _custom_decoder = msgspec.json.Decoder(CustomTool)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _head_decoder = msgspec.json.Decoder(dict[str, Any])
-_cache: LRUCache[bytes, ToolSet] = LRUCache(maxsize=1024)
 
-#: Number of tool lists actually parsed (cache misses); tests count work with it.
-parse_count = 0
+
+class _Kind(msgspec.Struct):
+    type: Any = None
+
+
+#: Reads only an entry's ``type`` (the rest is skipped, not built).
+_kind_decoder = msgspec.json.Decoder(_Kind)
+
+#: What one cached byte of a tool list's JSON is taken to cost once parsed (the bytes themselves
+#: plus the decoded dicts and strings): the cache's byte budget is charged this much per byte.
+PARSED_BYTES_PER_RAW_BYTE = 4
+
+
+class ToolCache:
+    """The process-wide parsed-tool-list cache, bounded in bytes (least recently used go first).
+
+    It is filled only through :meth:`remember`, which the pipeline calls once a turn has
+    succeeded: a request that is rejected leaves nothing behind, however large its tools."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        #: Keyed by the list's fingerprint (a 128-bit BLAKE2b digest of its bytes, computed anyway):
+        #: hashing a 16-byte key is free, hashing a megabytes-long one is not.
+        self._entries: LRUCache[bytes, ToolSet] = LRUCache(maxsize=max(1, max_bytes), getsizeof=_cost)
+        #: Tool lists actually parsed (cache misses); tests count work with it.
+        self.parses = 0
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self._entries.maxsize)
+
+    @property
+    def bytes_held(self) -> int:
+        return int(self._entries.currsize)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, fingerprint: bytes) -> ToolSet | None:
+        return self._entries.get(fingerprint)
+
+    def remember(self, tools: ToolSet) -> None:
+        """Keep a successfully used tool list (one larger than the whole budget is not kept)."""
+        if tools.tools and tools.fingerprint not in self._entries and _cost(tools) <= self._entries.maxsize:
+            self._entries[tools.fingerprint] = tools
+
+    def resize(self, max_bytes: int) -> None:
+        """Change the budget (drops every entry)."""
+        self._entries = LRUCache(maxsize=max(1, max_bytes), getsizeof=_cost)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def _cost(tools: ToolSet) -> int:
+    return PARSED_BYTES_PER_RAW_BYTE * len(tools.raw) + 256
+
+
+#: The process's tool cache (``ServerConfig.tool_cache_bytes`` resizes it).
+tool_cache = ToolCache()
 
 
 def parse_tools(raw: msgspec.Raw | bytes) -> ToolSet:
-    """Parse and validate a ``tools`` array, memoised on its exact bytes."""
-    global parse_count
+    """Parse and validate a ``tools`` array (a cache hit when the same bytes were used before)."""
     data = bytes(raw)
     if not data or data == b"null":
         return EMPTY_TOOLS
-    cached = _cache.get(data)
+    fingerprint = hashlib.blake2b(data, digest_size=16).digest()
+    cached = tool_cache.get(fingerprint)
     if cached is not None:
         return cached
-    parse_count += 1
+    tool_cache.parses += 1
     try:
         elements = _list_decoder.decode(data)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         raise invalid_request("Invalid type for 'tools': expected an array of tools.", "tools", "invalid_type") from None
     tools: list[Tool] = []
     for i, element in enumerate(elements):
-        head = _head_decoder.decode(element)
-        kind = head.get("type")
-        try:
-            if kind == "function":
-                tools.append(_function_decoder.decode(element))
-            elif kind == "namespace":
-                tools.append(_namespace_decoder.decode(element))
-            elif kind == "custom":
-                tools.append(_custom_decoder.decode(element))
-            elif isinstance(kind, str) and kind:
-                tools.append(HostedTool(kind, head))
-            else:
-                raise invalid_request(f"Missing required parameter: 'tools[{i}].type'.", f"tools[{i}].type", "missing_required_parameter")
-        except msgspec.ValidationError as exc:
-            from .errors import from_validation_error
-
-            raise from_validation_error(exc, f"tools[{i}]") from None
-    result = ToolSet(tuple(tools), hashlib.blake2b(data, digest_size=16).digest(), data)
-    _cache[data] = result
-    return result
+        kind = decode(_kind_decoder, element, prefix=f"tools[{i}]").type
+        if kind == "function":
+            function = decode(_function_decoder, element, prefix=f"tools[{i}]")
+            check_depth(function.parameters, f"tools[{i}].parameters")
+            tools.append(function)
+        elif kind == "namespace":
+            namespace = decode(_namespace_decoder, element, prefix=f"tools[{i}]")
+            for j, member in enumerate(namespace.tools):
+                check_depth(member.parameters, f"tools[{i}].tools[{j}].parameters")
+            tools.append(namespace)
+        elif kind == "custom":
+            tools.append(decode(_custom_decoder, element, prefix=f"tools[{i}]"))
+        elif isinstance(kind, str) and kind:
+            head = decode(_head_decoder, element, prefix=f"tools[{i}]")
+            check_depth(head, f"tools[{i}]")
+            tools.append(HostedTool(kind, head))
+        else:
+            raise invalid_request(f"Missing required parameter: 'tools[{i}].type'.", f"tools[{i}].type", "missing_required_parameter")
+    return ToolSet(tuple(tools), fingerprint, data)

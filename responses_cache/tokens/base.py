@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
@@ -178,6 +179,65 @@ def is_assistant_output(item: Item) -> bool:
     if isinstance(item, Message):
         return item.role == "assistant"
     return isinstance(item, (Reasoning, FunctionCall, CustomToolCall))
+
+
+_max_token_bytes: dict[str, int] = {}
+
+
+def max_token_bytes(encoding: tiktoken.Encoding) -> int:
+    """The longest byte string any token of ``encoding`` stands for (computed once per encoding):
+    a text of ``n`` UTF-8 bytes, hence of ``n`` characters or fewer, needs at least ``n / this`` tokens."""
+    found = _max_token_bytes.get(encoding.name)
+    if found is None:
+        found = _max_token_bytes[encoding.name] = max(map(len, encoding.token_byte_values()))
+    return found
+
+
+#: Tokens this long or shorter are not listed by ``longest_token_within`` (it answers at least this).
+_SHORT_TOKEN = 8
+#: Per encoding: (length, bit mask of the token's distinct bytes) for tokens longer than
+#: ``_SHORT_TOKEN``, longest first, one entry per distinct byte set.
+_long_tokens: dict[str, list[tuple[int, int]]] = {}
+_long_tokens_lock = threading.Lock()
+_SAMPLE = 65_536
+
+
+def longest_token_within(encoding: tiktoken.Encoding, data: bytes) -> int:
+    """An upper bound on the length of any token of ``encoding`` made only of bytes that occur in
+    ``data``: the longest such token, or ``_SHORT_TOKEN`` when none is longer. A text's tokens are
+    substrings of it, so none is longer than this. Costs a few passes over ``data`` in C (finding
+    its distinct bytes) and one walk of a per-encoding table built once."""
+    present = 0
+    rest = data
+    while rest:  # each round removes every byte value seen in a sample: at most 256 rounds, usually 1-3
+        seen = set(rest[:_SAMPLE])
+        for byte in seen:
+            present |= 1 << byte
+        rest = rest.translate(None, bytes(seen))
+    absent = ~present
+    for length, mask in _long_token_table(encoding):
+        if not mask & absent:
+            return length
+    return _SHORT_TOKEN
+
+
+def _long_token_table(encoding: tiktoken.Encoding) -> list[tuple[int, int]]:
+    table = _long_tokens.get(encoding.name)
+    if table is None:
+        with _long_tokens_lock:
+            table = _long_tokens.get(encoding.name)
+            if table is None:
+                longest: dict[int, int] = {}
+                for token in encoding.token_byte_values():
+                    if len(token) > _SHORT_TOKEN:
+                        mask = 0
+                        for byte in set(token):
+                            mask |= 1 << byte
+                        if longest.get(mask, 0) < len(token):
+                            longest[mask] = len(token)
+                table = sorted(((n, m) for m, n in longest.items()), reverse=True)
+                _long_tokens[encoding.name] = table
+    return table
 
 
 class BaseRenderer(ABC):

@@ -25,7 +25,11 @@ from responses_cache import WebSocketMode
 KEY = "sk-inner"
 
 
-def foreign_app() -> tuple[Starlette, list[dict[str, Any]]]:
+def foreign_app(*, known_ids: tuple[str, ...] | None = None, refuse: tuple[int, Any] | None = None,
+                raise_on_create: bool = False) -> tuple[Starlette, list[dict[str, Any]]]:
+    """``known_ids``: the app resolves ``previous_response_id`` against these (``None``: it ignores
+    the field); ``refuse``: answer every create with this (status, JSON body); ``raise_on_create``:
+    the app raises."""
     received: list[dict[str, Any]] = []
 
     def authorized(request: Request) -> bool:
@@ -41,6 +45,15 @@ def foreign_app() -> tuple[Starlette, list[dict[str, Any]]]:
             return JSONResponse({"error": {"message": "bad key", "type": "invalid_request_error", "code": "invalid_api_key", "param": None}}, 401)
         body = await request.json()
         received.append(body)
+        if raise_on_create:
+            raise RuntimeError("the app is broken")
+        if refuse is not None:
+            return JSONResponse(refuse[1], refuse[0])
+        parent = body.get("previous_response_id")
+        if known_ids is not None and parent is not None and parent not in known_ids:
+            return JSONResponse({"error": {"message": f"Previous response with id '{parent}' not found.",
+                                           "type": "invalid_request_error", "code": "previous_response_not_found",
+                                           "param": "previous_response_id"}}, 404)
         text = f"I have seen {len(body['input'])} items."
         response = {"id": f"resp_f{len(received)}", "object": "response", "status": "completed", "output": [], "usage": {
             "input_tokens": 10 * len(body["input"]), "input_tokens_details": {"cached_tokens": 0},
@@ -87,15 +100,91 @@ def test_bridged_continuations_reach_the_app_with_full_context(responses_cache_s
     assert received[1]["instructions"] == "be kind"
 
 
-def test_unknown_stored_parent_is_delegated_to_the_app(responses_cache_server_factory: Any) -> None:
-    inner, received = foreign_app()
-    server = responses_cache_server_factory(WebSocketMode(inner))
+def test_unknown_stored_parent_is_delegated_to_an_app_that_resolves_ids(responses_cache_server_factory: Any) -> None:
+    inner, received = foreign_app(known_ids=("resp_from_http",))
+    mode = WebSocketMode(inner)
+    server = responses_cache_server_factory(mode)
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         done = _turn(ws, input="more", store=True, previous_response_id="resp_from_http")
-        assert done["type"] == "response.completed"
+        assert done["type"] == "response.completed", done
+        again = _turn(ws, input="more", store=True, previous_response_id="resp_from_http")
+        assert again["type"] == "response.completed"
+        unknown = _turn(ws, input="more", store=True, previous_response_id="resp_nowhere")
+        assert unknown["type"] == "error" and unknown["status"] == 404
+        assert unknown["error"]["code"] == "previous_response_not_found"
         missing = _turn(ws, input="more", store=False, previous_response_id="resp_gone")
         assert missing["type"] == "error" and missing["error"]["code"] == "previous_response_not_found"
-    assert received[0]["previous_response_id"] == "resp_from_http" and len(received[0]["input"]) == 1
+    probes = [b for b in received if b["previous_response_id"].startswith("resp_responses_cache_probe_")]
+    assert len(probes) == 1  # asked once, then known
+    delegated = [b for b in received if b not in probes]
+    assert delegated[0]["previous_response_id"] == "resp_from_http" and len(delegated[0]["input"]) == 1
+
+
+@pytest.mark.parametrize("configured", [None, False])
+def test_an_app_that_ignores_previous_response_id_never_gets_one(responses_cache_server_factory: Any, configured: bool | None) -> None:
+    inner, received = foreign_app(known_ids=None)
+    server = responses_cache_server_factory(WebSocketMode(inner, resolves_previous_response_ids=configured))
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        for _ in range(2):
+            missing = _turn(ws, input="more", store=True, previous_response_id="resp_from_http")
+            assert missing["type"] == "error" and missing["error"]["code"] == "previous_response_not_found"
+    turns = [b for b in received if not b["previous_response_id"].startswith("resp_responses_cache_probe_")]
+    assert turns == []  # never a reply that silently lost its context
+    assert len(received) == (1 if configured is None else 0)  # probed once, or configured
+
+
+def test_the_bridge_forwards_every_field_the_client_set(responses_cache_server_factory: Any) -> None:
+    inner, received = foreign_app()
+    server = responses_cache_server_factory(WebSocketMode(inner))
+    fields = {
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        "top_logprobs": 3, "prompt_cache_key": "pk", "user": "u-1", "truncation": "auto",
+        "include": ["message.output_text.logprobs"], "max_tool_calls": 2, "service_tier": "flex",
+        "safety_identifier": "s", "temperature": 0.5, "top_p": 0.9, "max_output_tokens": 100,
+        "metadata": {"k": "v"}, "reasoning": {"effort": "low"}, "tool_choice": "none",
+        "parallel_tool_calls": False, "prompt_cache_retention": "24h", "instructions": "be brief",
+    }
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        done = _turn(ws, input="hi", store=False, stream_id="lane", generate=True, **fields)
+        assert done["type"] == "response.completed"
+    (body,) = received
+    for name, value in fields.items():
+        assert body[name] == value, name
+    assert body["stream"] is True and body["store"] is False
+    assert not {"stream_id", "generate", "type", "previous_response_id"} & set(body)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message", "code"),
+    [
+        (400, {"error": {"message": "Unknown parameter: 'x'.", "type": "invalid_request_error", "code": "unknown_parameter", "param": "x"}},
+         "Unknown parameter: 'x'.", "unknown_parameter"),
+        (404, {"detail": "Model not found"}, "Model not found", None),
+        (422, {"detail": [{"loc": ["body", "input"], "msg": "Field required", "type": "missing"}]}, "Field required", None),
+        (429, {"unexpected": True}, "The wrapped app answered HTTP 429.", None),
+    ],
+)
+def test_a_refusal_before_streaming_is_an_error_event_with_its_status(
+    responses_cache_server_factory: Any, status: int, body: Any, message: str, code: str | None
+) -> None:
+    inner, _ = foreign_app(refuse=(status, body))
+    server = responses_cache_server_factory(WebSocketMode(inner))
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "foreign-1", "input": "hi"}))
+        event = json.loads(ws.recv(timeout=10))  # the first event: no response.created before it
+        assert event["type"] == "error" and event["status"] == status, event
+        assert event["error"]["message"] == message and event["error"]["code"] == code
+        assert _turn(ws, input="still open").get("type") == "error"  # the socket stays open
+
+
+def test_an_app_that_raises_gives_a_clear_error(responses_cache_server_factory: Any) -> None:
+    inner, _ = foreign_app(raise_on_create=True)
+    server = responses_cache_server_factory(WebSocketMode(inner))
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "foreign-1", "input": "hi"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["status"] == 500
+        assert "RuntimeError" in event["error"]["message"] and "HTTP 0" not in event["error"]["message"]
 
 
 def test_upgrade_is_authorized_by_the_app_and_http_passes_through(responses_cache_server_factory: Any) -> None:

@@ -41,7 +41,7 @@ def test_tokens_encoded_and_items_validated_do_not_grow_with_history(responses_c
     cached: list[int] = []
     with connect(server.ws_url, max_size=None, compression=None) as ws:
         response = _turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS})
-        parsed_before = tools_module.parse_count
+        parsed_before = tools_module.tool_cache.parses
         for _ in range(12):
             call = next(o for o in response["output"] if o["type"] == "function_call")
             before_tokens, before_items = renderer.stats.tokens_encoded, validator.items_checked
@@ -52,7 +52,7 @@ def test_tokens_encoded_and_items_validated_do_not_grow_with_history(responses_c
             encoded.append(renderer.stats.tokens_encoded - before_tokens)
             checked.append(validator.items_checked - before_items)
             cached.append(response["usage"]["input_tokens_details"]["cached_tokens"])
-        assert tools_module.parse_count == parsed_before  # identical tools: parsed once
+        assert tools_module.tool_cache.parses == parsed_before  # identical tools: parsed once
     assert checked == [1] * 12
     # The history grows by ~1k tokens a turn; the work per turn stays the same.
     assert len(set(encoded)) == 1, encoded

@@ -1,0 +1,169 @@
+"""A peer that stops reading cannot pin memory: writes time out, the lifetime holds even while
+writes are blocked, and the input a connection holds is bounded per connection and per process.
+
+Driven in-process through ASGI (a peer whose sends never complete), and checked by what is
+retained afterwards (connections, budget bytes, open backend streams), never by timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from responses_cache import create_app
+from responses_cache.auth import AllowAll
+from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
+from responses_cache.session import InputBudget, PendingTurn, Session, SessionConfig
+from responses_cache.websocket import WebSocketMode
+
+SCOPE: dict[str, Any] = {
+    "type": "websocket", "path": "/v1/responses", "root_path": "", "headers": [], "query_string": b"",
+    "scheme": "ws", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "subprotocols": [],
+    "asgi": {"version": "3.0"},
+}
+
+
+class EndlessBackend:
+    """Streams deltas until cancelled; counts the generators still open."""
+
+    accepts_media = True
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.started = 0
+
+    def models(self) -> Sequence[str]:
+        return ("sim-1",)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        self.open += 1
+        self.started += 1
+        try:
+            for _ in range(1_000_000):
+                await asyncio.sleep(0.001)
+                yield TextDelta("x ")
+            yield Finish()
+        finally:
+            self.open -= 1
+
+
+class StuckPeer:
+    """Accepts, then never completes a send (its receive window is full and it does not read)."""
+
+    def __init__(self, frames: list[str]) -> None:
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.inbox.put_nowait({"type": "websocket.connect"})
+        for frame in frames:
+            self.inbox.put_nowait({"type": "websocket.receive", "text": frame})
+        self.sends = 0
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()  # never a disconnect: the socket stays "established"
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.accept":
+            return
+        self.sends += 1
+        await asyncio.Event().wait()  # blocked forever
+
+
+def _mode(backend: EndlessBackend, config: SessionConfig, **options: Any) -> WebSocketMode:
+    app = create_app(backend=backend, renderer=None)
+    return WebSocketMode(app, service=app.state.service, authenticator=AllowAll(), config=config, **options)
+
+
+def _create(size: int, lane: str | None = None) -> str:
+    body: dict[str, Any] = {"type": "response.create", "model": "sim-1", "input": "x" * size}
+    if lane is not None:
+        body["stream_id"] = lane
+    return json.dumps(body)
+
+
+async def _run(mode: WebSocketMode, peer: StuckPeer) -> None:
+    # The safety net only keeps a broken build from hanging the suite; nothing is timed.
+    await asyncio.wait_for(mode(dict(SCOPE), peer.receive, peer.send), 60)  # type: ignore[arg-type]
+
+
+async def test_a_write_that_never_completes_aborts_the_connection_and_frees_its_state() -> None:
+    backend = EndlessBackend()
+    mode = _mode(backend, SessionConfig(max_queued_bytes=4 * 1024 * 1024), write_timeout_s=0.2,
+                 process_input_bytes=64 * 1024 * 1024)
+    peer = StuckPeer([_create(1024 * 1024) for _ in range(20)])
+    await _run(mode, peer)
+    assert mode.aborted == 1 and mode.connections == 0
+    assert mode.input_budget is not None and mode.input_budget.held == 0
+    assert mode.input_budget.peak <= 4 * 1024 * 1024 + 1024  # the per-connection budget held
+    assert backend.open == 0  # every generation that started was told to stop
+
+
+async def test_the_lifetime_is_enforced_while_writes_are_blocked() -> None:
+    backend = EndlessBackend()
+    config = SessionConfig(lifetime_s=0.1, lifetime_grace_s=0.1)
+    mode = _mode(backend, config, write_timeout_s=3600.0)  # the write timeout never fires
+    peer = StuckPeer([_create(1000, lane=str(i)) for i in range(4)])
+    await _run(mode, peer)
+    assert mode.aborted == 1 and mode.connections == 0
+    assert mode.input_budget is not None and mode.input_budget.held == 0
+    assert backend.open == 0
+
+
+async def test_the_process_input_budget_is_shared_by_connections() -> None:
+    backend = EndlessBackend()
+    mode = _mode(backend, SessionConfig(), write_timeout_s=0.2, process_input_bytes=3 * 1024 * 1024)
+    peers = [StuckPeer([_create(1024 * 1024, lane=str(i)) for i in range(3)]) for _ in range(3)]
+    await asyncio.gather(*(_run(mode, p) for p in peers))
+    assert mode.input_budget is not None
+    assert mode.input_budget.peak <= 3 * 1024 * 1024 and mode.input_budget.refusals > 0
+    assert mode.input_budget.held == 0 and mode.connections == 0 and backend.open == 0
+
+
+# -- the session's accounting, sans-I/O -------------------------------------------------------------
+
+
+def _frame(size: int, lane: str) -> str:
+    return _create(size, lane)
+
+
+def test_session_charges_held_input_until_each_turn_finishes() -> None:
+    budget = InputBudget(10_000)
+    session = Session("t", SessionConfig(max_queued_bytes=5_000), input_budget=budget)
+    for lane in "abc":
+        session.receive(_frame(2_000, lane))
+    errors = session.drain()
+    assert len(errors) == 1 and errors[0].status == 429  # the third frame would pass 5,000 bytes
+    assert session.queued_bytes == budget.held and 4_000 < budget.held <= 5_000
+    started: list[PendingTurn] = session.startable()
+    assert len(started) == 2 and session.queued_bytes == budget.held  # running turns still hold theirs
+    session.finished(started[0], None)
+    assert 2_000 < budget.held < 2_500
+    session.close()  # the running one is released with the connection
+    assert budget.held == 0 and session.queued_bytes == 0
+
+
+def test_one_frame_on_an_idle_connection_is_admitted_whatever_its_size() -> None:
+    session = Session("t", SessionConfig(max_queued_bytes=100))
+    session.receive(_frame(1_000, "a"))
+    assert session.drain() == [] and session.queued_bytes > 1_000
+    session.receive(_frame(10, "b"))
+    assert [e.status for e in session.drain()] == [429]
+
+
+def test_expiry_releases_what_was_queued() -> None:
+    budget = InputBudget(1_000_000)
+    session = Session("t", SessionConfig(lifetime_s=10), input_budget=budget)
+    session.receive(_frame(100, "a"))
+    session.receive(_frame(100, "a"))
+    (first,) = session.startable()
+    session.tick(11)  # the queued one is refused and released; the running one still holds its frame
+    assert 0 < budget.held < 300
+    session.finished(first, None)
+    assert budget.held == 0
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_the_process_budget_must_be_positive(size: int) -> None:
+    with pytest.raises(ValueError):
+        InputBudget(size)
