@@ -174,7 +174,7 @@ class AppBackend:
         headers.update({k: v for k, v in request_headers.items() if k in _FORWARDED})
         return headers
 
-    async def open(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+    async def open_stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         """Send the request and wait for the app's answer to begin: a refusal (any status but
         200, or an exception) is raised here, before the response exists, as the app's error."""
         exchange = _Exchange(self.app, "POST", self.path, self._headers(request.headers, stream=True), self._body(request))
@@ -189,7 +189,7 @@ class AppBackend:
         return self._events(exchange)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        events = await self.open(request)
+        events = await self.open_stream(request)
         try:
             async for event in events:
                 yield event

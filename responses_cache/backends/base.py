@@ -175,13 +175,13 @@ class Backend(Protocol):
 
 
 @runtime_checkable
-class StartableBackend(Protocol):
+class PreflightBackend(Protocol):
     """A backend that can refuse a request before the response exists.
 
-    The pipeline awaits ``open`` before it sends ``response.created``; a
+    The pipeline awaits ``open_stream`` before it sends ``response.created``; a
     :class:`~responses_cache.protocol.errors.ResponsesError` raised there reaches the client as a
     plain error (an HTTP 4xx, a WebSocket ``error`` event) with its status and message, as if the
     server had refused the request itself. The returned iterator is then consumed like
     ``generate``'s."""
 
-    async def open(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]: ...
+    async def open_stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]: ...

@@ -30,9 +30,9 @@ from ..backends.base import (
     EngineUsage,
     Finish,
     GenerationRequest,
+    PreflightBackend,
     Prompt,
     ReasoningDelta,
-    StartableBackend,
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
@@ -218,9 +218,9 @@ class Pipeline:
         opened: AsyncGenerator[BackendEvent, None] | None = None
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
-            if isinstance(route.backend, StartableBackend):
+            if isinstance(route.backend, PreflightBackend):
                 # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
-                opened = await route.backend.open(generation)
+                opened = await route.backend.open_stream(generation)
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
             # Its open entry is in the journal before the client hears of it.

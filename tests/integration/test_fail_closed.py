@@ -1,5 +1,5 @@
 """Fail closed at every mount: the bridge admits an upgrade only on a 2xx from the wrapped app,
-``WebSocketMode`` with a service needs an explicit authenticator, an authenticator that raises
+a mounted service needs an explicit authenticator, an authenticator that raises
 admits no one, and tenants do not share the engine's prefix cache unless told to."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from responses_cache import (
     SimulatedEngine,
     WebSocketMode,
     create_app,
+    create_service,
 )
 
 
@@ -59,10 +60,13 @@ def test_the_bridge_admits_on_2xx(responses_cache_server_factory: Any) -> None:
 
 
 def test_websocket_mode_with_a_service_needs_an_explicit_authenticator() -> None:
-    app = create_app()
-    with pytest.raises(TypeError, match="authenticator"):
-        WebSocketMode(app, service=app.state.service)
-    WebSocketMode(app, service=app.state.service, authenticator=AllowAll())  # said out loud
+    """A mounted service always carries an authenticator: ``create_service`` refuses to build one
+    that would let everyone in unless told so (``AllowAll()``)."""
+    app = Starlette()
+    with pytest.raises(ValueError, match="authenticator"):
+        create_service(backend=SimulatedEngine())
+    service = create_service(backend=SimulatedEngine(), authenticator=AllowAll())  # said out loud
+    assert WebSocketMode(app, service).service.authenticator is service.authenticator
 
 
 class Broken:

@@ -63,7 +63,7 @@ async def test_input_that_cannot_fit_is_refused_without_tokenizing() -> None:
 
 async def test_large_renders_run_off_the_event_loop() -> None:
     app, _, threads = _app(window=1_000_000)
-    app.state.service.pipeline.offload_chars = 10_000
+    app.state.service.core.pipeline.offload_chars = 10_000
     small = await _post(app, {"model": "sim-1", "input": "hello"})
     assert small.status_code == 200
     assert set(threads) == {threading.current_thread().name}  # small: rendered inline
@@ -73,17 +73,17 @@ async def test_large_renders_run_off_the_event_loop() -> None:
     # the prompt was rendered on a worker; the short output is appended inline
     assert threads[calls].startswith("responses-cache-render")
     assert app.state.metrics.total("renders_offloaded_total", transport="http") == 1
-    app.state.service.pipeline.close()
+    app.state.service.core.pipeline.close()
 
 
 @pytest.mark.parametrize("window", [100])
 async def test_an_error_raised_on_the_worker_thread_is_the_envelope(window: int) -> None:
     app, _, threads = _app(window=window)
-    app.state.service.pipeline.offload_chars = 1
+    app.state.service.core.pipeline.offload_chars = 1
     response = await _post(app, {"model": "sim-1", "input": "hello " * 200})
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert threads and threads[-1].startswith("responses-cache-render")
-    app.state.service.pipeline.close()
+    app.state.service.core.pipeline.close()
 
 
 @settings(max_examples=200, deadline=None)

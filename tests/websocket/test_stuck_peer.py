@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from responses_cache import create_app
+from responses_cache import create_service
+from responses_cache.app import app_for
 from responses_cache.auth import AllowAll
 from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
 from responses_cache.session import InputBudget, PendingTurn, Session, SessionConfig
@@ -71,8 +72,8 @@ class StuckPeer:
 
 
 def _mode(backend: EndlessBackend, config: SessionConfig, **options: Any) -> WebSocketMode:
-    app = create_app(backend=backend, renderer=None)
-    return WebSocketMode(app, service=app.state.service, authenticator=AllowAll(), config=config, **options)
+    service = create_service(backend=backend, renderer=None, authenticator=AllowAll(), session=config, **options)
+    return WebSocketMode(app_for(service), service)
 
 
 def _create(size: int, lane: str | None = None) -> str:

@@ -80,7 +80,7 @@ def test_vllm_generate_route_request_fields_and_tool_loop(responses_cache_server
     requests = engine.generation_requests()
     assert {r.path for r in requests} == {"/inference/v1/generate"}
     body = requests[0].body
-    assert set(body) == {"request_id", "model", "token_ids", "sampling_params", "stream", "stream_options"}
+    assert set(body) == {"request_id", "model", "token_ids", "sampling_params", "stream", "stream_options", "cache_salt"}
     assert body["model"] == "openai/gpt-oss-20b" and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["request_id"] == first["response"]["id"]
@@ -104,7 +104,7 @@ def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(respons
     _check_loop(engine, first, second, "prompt")
     body = engine.generation_requests()[0].body
     assert engine.generation_requests()[0].path == "/v1/completions"
-    assert set(body) == {"request_id", "model", "prompt", "stream", "stream_options", "skip_special_tokens",
+    assert set(body) == {"request_id", "model", "prompt", "stream", "stream_options", "skip_special_tokens", "cache_salt",
                          "stop_token_ids", "max_tokens", "return_token_ids"}
     assert body["stop_token_ids"] == STOPS and body["return_token_ids"] is True and body["skip_special_tokens"] is False
 
@@ -131,7 +131,7 @@ def test_sglang_generate_frames(responses_cache_server_factory: Any, incremental
     _check_loop(engine, first, second, "input_ids")
     request = engine.generation_requests()[0]
     assert request.path == "/generate"
-    assert set(request.body) == {"rid", "input_ids", "sampling_params", "stream"}
+    assert set(request.body) == {"rid", "input_ids", "sampling_params", "stream", "cache_salt"}
     assert request.body["sampling_params"] == {
         "stop_token_ids": STOPS, "skip_special_tokens": False, "no_stop_trim": True, "max_new_tokens": 500,
     }
@@ -144,7 +144,7 @@ def test_sglang_completions_endpoint(responses_cache_server_factory: Any) -> Non
     first, second = _tool_loop(_serve(responses_cache_server_factory, engine, name="sglang", endpoint="completions"))
     _check_loop(engine, first, second, "prompt")
     body = engine.generation_requests()[0].body
-    assert set(body) == {"rid", "model", "prompt", "stream", "stream_options", "skip_special_tokens",
+    assert set(body) == {"rid", "model", "prompt", "stream", "stream_options", "skip_special_tokens", "cache_salt",
                          "stop_token_ids", "max_tokens", "return_token_ids", "no_stop_trim"}
 
 
