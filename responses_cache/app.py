@@ -23,7 +23,7 @@ from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
-from .protocol.tools import tool_cache
+from .protocol.tools import DEFAULT_TOOL_CACHE_BYTES, tool_cache
 from .routing import Route, Router, StaticRouter
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
@@ -72,7 +72,7 @@ class ServerConfig:
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     #: The process-wide parsed-tools cache, in bytes.
-    tool_cache_bytes: int = 64 * 1024 * 1024
+    tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     #: Renders that tokenize at least this many characters run on a worker thread.
     offload_chars: int = 64 * 1024
     #: Worker threads for those renders (``None``: a quarter of the CPUs, at least one).

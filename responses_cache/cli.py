@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .backends import load_backend
     from .serving import ConnectionLimits, uvicorn_config
     from .session import SessionConfig
-    from .settings import SettingsError, load_settings
+    from .settings import SESSION_SETTINGS, SettingsError, load_settings
 
     overrides = {name: getattr(args, name, None) for name in _OPTIONS}
     overrides["api_keys"] = args.api_key
@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         renderer=settings.renderer or None,
         billing=billing,
         metrics=metrics,
-        session=SessionConfig(lifetime_s=settings.lifetime_s),
+        session=SessionConfig(**{name: getattr(settings, name) for name in SESSION_SETTINGS}),
         max_body_bytes=settings.max_body_bytes,
         process_cache_bytes=settings.process_cache_bytes,
         hot_cache_bytes=settings.hot_cache_bytes,

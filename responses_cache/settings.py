@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .protocol.tools import DEFAULT_TOOL_CACHE_BYTES
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -23,8 +24,22 @@ from .runtime import (
     DEFAULT_PROCESS_INPUT_BYTES,
     DEFAULT_WRITE_TIMEOUT_S,
 )
+from .session import SessionConfig
 
 ENV_PREFIX = "RESPONSES_CACHE_"
+#: ``RESPONSES_CACHE_*`` variables that are not ``serve`` settings but are read elsewhere: the
+#: vocabulary directory, a single API key, and the vLLM middleware's configuration.
+OTHER_VARIABLES = frozenset(
+    ENV_PREFIX + name for name in ("API_KEY", "VOCAB_DIR", "SALT_KEY", "MODEL", "TEMPLATE", "PATH", "HTTP", "ENDPOINT")
+)
+#: Defaults come from the objects the settings configure (one source for each).
+_SESSION = SessionConfig()
+#: ``serve`` settings that are :class:`~responses_cache.session.SessionConfig` fields.
+SESSION_SETTINGS = (
+    "max_in_flight", "max_named_lanes", "max_queued", "max_queued_bytes", "lifetime_s", "lifetime_grace_s",
+    "max_cached_items", "max_cached_bytes", "max_referenceable_items", "max_referenceable_bytes",
+    "retain_token_log", "superseded_keep", "superseded_grace_s", "max_pending_steers",
+)
 
 
 class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -53,7 +68,21 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Journaled records also kept in memory for delivery (more are read back from the journal);
     #: without a journal, undelivered records held in memory before a warning is logged.
     billing_queue_size: int = 10_000
-    lifetime_s: float = 3600.0
+    # The WebSocket session and connection-cache policy (SessionConfig; docs/limits.md).
+    max_in_flight: int = _SESSION.max_in_flight
+    max_named_lanes: int = _SESSION.max_named_lanes
+    max_queued: int = _SESSION.max_queued
+    max_queued_bytes: int = _SESSION.max_queued_bytes
+    lifetime_s: float = _SESSION.lifetime_s
+    lifetime_grace_s: float = _SESSION.lifetime_grace_s
+    max_cached_items: int = _SESSION.max_cached_items
+    max_cached_bytes: int = _SESSION.max_cached_bytes
+    max_referenceable_items: int = _SESSION.max_referenceable_items
+    max_referenceable_bytes: int = _SESSION.max_referenceable_bytes
+    retain_token_log: bool = _SESSION.retain_token_log
+    superseded_keep: int = _SESSION.superseded_keep
+    superseded_grace_s: float = _SESSION.superseded_grace_s
+    max_pending_steers: int = _SESSION.max_pending_steers
     max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     process_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     #: The process-wide hot cache's share of ``process_cache_bytes`` (default half; 0: none).
@@ -68,7 +97,7 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     context_window: int = DEFAULT_CONTEXT_WINDOW
     process_input_bytes: int = DEFAULT_PROCESS_INPUT_BYTES
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
-    tool_cache_bytes: int = 64 * 1024 * 1024
+    tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     partition_prefix_cache: bool = True
     header_timeout_s: float = 10.0
     keep_alive_s: int = 5
@@ -93,13 +122,20 @@ def load_settings(
     """Merge defaults < ``file`` < ``env`` < ``overrides`` (``None`` values are ignored)."""
     merged: dict[str, Any] = {}
     if file is not None:
-        merged.update(_from_file(Path(file)))
-    merged.update(_from_env(env or {}))
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        merged.update(_checked(_from_file(Path(file)), f"config file {file}"))
+    for variable, value in _from_env(env or {}).items():
+        merged.update(_checked(value, f"environment variable {variable}"))
+    merged.update(_checked({k: v for k, v in (overrides or {}).items() if v is not None}, "command-line option"))
+    return msgspec.convert(merged, ServeSettings, strict=False)
+
+
+def _checked(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` once they are valid settings; else an error that names where they came from."""
     try:
-        return msgspec.convert(merged, ServeSettings, strict=False)
+        msgspec.convert(values, ServeSettings, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"invalid setting: {exc}") from None
+        raise SettingsError(f"invalid setting in {source}: {exc}") from None
+    return values
 
 
 def _from_file(path: Path) -> dict[str, Any]:
@@ -126,23 +162,26 @@ def _from_file(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The settings the environment gives, by variable (``{variable: {setting: value}}``)."""
+    out: dict[str, dict[str, Any]] = {}
     for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "API_KEY":
+        if not key.startswith(ENV_PREFIX) or key in OTHER_VARIABLES:
             continue
         name = key[len(ENV_PREFIX) :].lower()
         if name not in FIELDS:
-            continue  # other RESPONSES_CACHE_* variables (e.g. the vocabulary directory)
+            raise SettingsError(f"unknown environment variable {key} (no serve setting {name!r})")
         if name == "api_keys":
-            out[name] = [k.strip() for k in raw.split(",") if k.strip()]
+            out[key] = {name: [k.strip() for k in raw.split(",") if k.strip()]}
         elif name == "backend_options":
             try:
-                out[name] = json.loads(raw)
+                out[key] = {name: json.loads(raw)}
             except ValueError:
                 raise SettingsError(f"{key} must be a JSON object") from None
         else:
-            out[name] = raw
-    if env.get(ENV_PREFIX + "API_KEY"):  # a single key, the common case
-        out.setdefault("api_keys", []).append(env[ENV_PREFIX + "API_KEY"])
+            out[key] = {name: raw}
+    single = env.get(ENV_PREFIX + "API_KEY")
+    if single:  # a single key, the common case
+        keys = out.pop(ENV_PREFIX + "API_KEYS", {}).get("api_keys", [])
+        out[ENV_PREFIX + "API_KEY"] = {"api_keys": [*keys, single]}
     return out

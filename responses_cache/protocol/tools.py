@@ -107,13 +107,17 @@ _kind_decoder = msgspec.json.Decoder(_Kind)
 PARSED_BYTES_PER_RAW_BYTE = 4
 
 
+#: The tool cache's default budget.
+DEFAULT_TOOL_CACHE_BYTES = 64 * 1024 * 1024
+
+
 class ToolCache:
     """The process-wide parsed-tool-list cache, bounded in bytes (least recently used go first).
 
     It is filled only through :meth:`remember`, which the pipeline calls once a turn has
     succeeded: a request that is rejected leaves nothing behind, however large its tools."""
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_TOOL_CACHE_BYTES) -> None:
         #: Keyed by the list's fingerprint (a 128-bit BLAKE2b digest of its bytes, computed anyway):
         #: hashing a 16-byte key is free, hashing a megabytes-long one is not.
         self._entries: LRUCache[bytes, ToolSet] = LRUCache(maxsize=max(1, max_bytes), getsizeof=_cost)

@@ -101,3 +101,33 @@ def test_billing_settings_reach_the_biller(tmp_path: Path) -> None:
 def test_a_billing_journal_needs_a_sink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--billing-journal", str(tmp_path / "billing.journal")]) == 2
     assert "billing_journal needs a sink" in capsys.readouterr().err
+
+
+def test_every_session_policy_is_a_setting_with_the_session_default(tmp_path: Path) -> None:
+    import dataclasses
+
+    from responses_cache.session import SessionConfig
+    from responses_cache.settings import SESSION_SETTINGS
+
+    session_fields = {f.name for f in dataclasses.fields(SessionConfig)} - {"limit_message"}
+    assert set(SESSION_SETTINGS) == session_fields
+    defaults, settings = SessionConfig(), ServeSettings()
+    assert all(getattr(settings, name) == getattr(defaults, name) for name in SESSION_SETTINGS)
+    config = tmp_path / "serve.toml"
+    config.write_text("max_cached_bytes = 1048576\nretain_token_log = false\n")
+    env = {"RESPONSES_CACHE_SUPERSEDED_KEEP": "0", "RESPONSES_CACHE_MAX_IN_FLIGHT": "4"}
+    loaded = load_settings(file=config, env=env)
+    session = SessionConfig(**{name: getattr(loaded, name) for name in SESSION_SETTINGS})
+    assert (session.max_cached_bytes, session.retain_token_log) == (1048576, False)
+    assert (session.superseded_keep, session.max_in_flight) == (0, 4)
+
+
+def test_an_unknown_variable_stops_the_command_and_errors_name_the_variable() -> None:
+    with pytest.raises(SettingsError, match="RESPONSES_CACHE_MAX_CACHED_BYTE"):
+        load_settings(env={"RESPONSES_CACHE_MAX_CACHED_BYTE": "1"})  # a typo is not ignored
+    with pytest.raises(SettingsError, match="environment variable RESPONSES_CACHE_MAX_CACHED_BYTES"):
+        load_settings(env={"RESPONSES_CACHE_MAX_CACHED_BYTES": "lots"})
+    with pytest.raises(SettingsError, match="command-line option"):
+        load_settings(overrides={"port": "eighty"})
+    # Variables other parts of the package read are not serve settings, and are not refused.
+    assert load_settings(env={"RESPONSES_CACHE_VOCAB_DIR": "/v", "RESPONSES_CACHE_MODEL": "m"}) == ServeSettings()
