@@ -20,7 +20,6 @@ from .protocol.errors import (
     HTTPErrorBody,
     ResponsesError,
     invalid_request,
-    previous_response_not_found,
     server_error,
 )
 from .protocol.request import decode_create
@@ -126,15 +125,7 @@ class HTTPApi:
             turn = self.service.prepare(body, tenant, "http")
             route = self.service.router.resolve(turn.model, tenant)
             del raw
-            parent = None
-            if body.previous_response_id is not None:
-                # The hot cache (O(new items) from here on), else the store: one round trip.
-                found = await self.service.resolve(tenant, body.previous_response_id, route)
-                if found is None:
-                    raise previous_response_not_found(body.previous_response_id)
-                parent = found[0]
-                self.service.pipeline.metrics.inc(f"resolved_{found[1]}_total", {"transport": "http"})
-            await self.service.resolve_references(turn, parent)
+            parent = await self.service.parent_of(turn, route)
         except ResponsesError as exc:
             return error_response(exc), None
         except ClientDisconnect:

@@ -1,5 +1,6 @@
 """What the HTTP routes and the WebSocket session share: turning a request into a :class:`Turn`,
-running it, and resolving ``previous_response_id`` beyond the connection cache.
+finding the state it continues from (:meth:`ResponsesService.parent_of`, the one place that
+decides it for every edge), and running it.
 
 Resolution goes down the tiers and stops at the first that has the state:
 
@@ -24,7 +25,8 @@ from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
 from .pipeline.turn import Transport, Turn
 from .protocol.codec import encode
-from .protocol.errors import invalid_request
+from .protocol.errors import invalid_request, previous_response_not_found
+from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
 from .references import ItemIndex, resolve_references
@@ -35,6 +37,25 @@ from .tokens.base import Renderer
 from .tokens.snapshot import restore
 
 Tier = Literal["hot", "snapshot", "store"]
+
+
+class TurnCache(Protocol):
+    """A connection's cache as one turn sees it (the WebSocket session's; HTTP has none)."""
+
+    @property
+    def items(self) -> ItemIndex:
+        """The connection's items by id (``item_reference``)."""
+        ...
+
+    def cached_parent(self) -> tuple[ResponseState, bool] | None:
+        """The turn's ``previous_response_id`` in the cache, and whether it was found only because
+        superseded responses are kept for a grace period; ``None`` when it is not there."""
+        ...
+
+    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+        """For a request without ``previous_response_id``: the cached state its input continues and
+        how many of its leading items that state already holds."""
+        ...
 
 
 class ParentResolver(Protocol):
@@ -109,6 +130,55 @@ class ResponsesService:
             parent=parent,
             pass_through=self.delegate_misses is not None,
         )
+
+    async def parent_of(self, turn: Turn, route: Route, cache: TurnCache | None = None) -> ResponseState | None:
+        """The state ``turn`` continues from, found down the tiers, with the turn made ready to run
+        from it: item references resolved, and a full-input resend cut to the items its parent
+        does not hold (``turn.items``, ``turn.reused_items``). A ``previous_response_id`` that no
+        tier has is ``previous_response_not_found``, unless the backend keeps its own store and
+        resolves ids (the bridge's wrapped app): then the turn is delegated to it.
+
+        Without a connection cache (HTTP), the process's hot cache and the store are where a
+        ``previous_response_id`` is looked up whatever the request's ``store``; over WebSocket a
+        ``store: false`` request has only its connection cache, as the protocol says."""
+        metrics, labels = self.pipeline.metrics, {"transport": turn.transport}
+        wanted = turn.request.previous_response_id
+        parent: ResponseState | None = None
+        if wanted is not None:
+            metrics.inc("incremental_sends_total", labels)
+            found = cache.cached_parent() if cache is not None else None
+            if found is not None:
+                parent, grace = found
+                metrics.inc("cache_hits_total", labels)
+                if grace:
+                    metrics.inc("cache_grace_hits_total", labels)
+            else:
+                if cache is not None:
+                    metrics.inc("cache_misses_total", labels)
+                delegate = self.delegate_misses
+                if turn.request.store and delegate is not None and await delegate.resolves_previous_response_ids(
+                    turn.model, turn.headers
+                ):
+                    turn.delegated_parent = wanted
+                elif cache is None or turn.request.store:
+                    # The process-wide hot cache, then the store (and its token-log snapshot).
+                    stored = await self.resolve(turn.tenant, wanted, route)
+                    if stored is not None:
+                        parent = stored[0]
+                        metrics.inc(f"resolved_{stored[1]}_total", labels)
+                if parent is None and turn.delegated_parent is None:
+                    metrics.inc("previous_response_not_found_total", labels)
+                    raise previous_response_not_found(wanted)
+        await self.resolve_references(turn, parent, cache.items if cache is not None else None)
+        if wanted is None and cache is not None:
+            metrics.inc("full_sends_total", labels)
+            match = cache.full_input_match(turn.items, turn.tools.fingerprint)
+            if match is not None:
+                parent, reused = match
+                turn.items = turn.items[reused:]
+                turn.reused_items = reused
+                metrics.inc("full_input_reuse_total", labels)
+        return parent
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""

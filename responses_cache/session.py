@@ -126,6 +126,28 @@ class PendingTurn:
     size: int = 0
 
 
+@dataclass(slots=True)
+class TurnView:
+    """The connection cache as one pending turn sees it
+    (:class:`~responses_cache.service.TurnCache`)."""
+
+    session: Session
+    pending: PendingTurn
+    now: float
+
+    @property
+    def items(self) -> ItemIndex:
+        return self.session.items
+
+    def cached_parent(self) -> tuple[ResponseState, bool] | None:
+        grace_hits = self.session.cache.grace_hits
+        state = self.session.resolve(self.pending, self.now)
+        return None if state is None else (state, self.session.cache.grace_hits > grace_hits)
+
+    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+        return self.session.match_full_input(self.pending, items, tools_fingerprint)
+
+
 class ConnectionCache:
     """The latest response of each lane, findable by id, plus the last few responses a lane
     superseded (for a grace period). Bounded by the session's budget."""
@@ -383,6 +405,10 @@ class Session:
         if self.cache.latest.get(found[0]) is not found[1]:
             self.cache.grace_hits += 1
         return found[1]
+
+    def turn_cache(self, pending: PendingTurn, now: float) -> TurnView:
+        """This connection's cache as ``pending`` sees it (what the service resolves parents in)."""
+        return TurnView(self, pending, now)
 
     def match_full_input(self, pending: PendingTurn, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
         """For a request without ``previous_response_id`` (same instructions and tools as the lane's

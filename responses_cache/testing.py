@@ -36,7 +36,9 @@ from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError
 from .protocol.items import Item
+from .references import ItemIndex
 from .runtime import DEFAULT_MAX_MESSAGE_BYTES, Service
+from .service import ResponsesService
 from .state import ResponseState
 from .tokens.key import render_key
 
@@ -171,6 +173,7 @@ async def run_turns(
     service = getattr(getattr(target, "state", None), "service", None) or target
     if isinstance(service, Service):
         service = service.core
+    core: ResponsesService | None = None
     if isinstance(service, Pipeline):
         pipeline = service
         engine = backend or SimulatedEngine(SimulatedConfig(instant=True))
@@ -178,6 +181,7 @@ async def run_turns(
         resolve: Any = lambda _model: route  # noqa: E731
         default_model = route.model
     else:
+        core = service
         pipeline = service.pipeline
         router = service.router
         default_model = model or router.models()[0]
@@ -204,9 +208,12 @@ async def run_turns(
                 response_id=f"resp_test{i:04d}",
                 created_at=0.0,
             )
-            state = await pipeline.run(
-                turn, parent if chain else None, resolve(request.model), emit
-            )
+            route = resolve(request.model)
+            if core is not None:  # the service decides the parent, as for a client's connection
+                start = await core.parent_of(turn, route, _LastAccepted(parent if chain else None, request.previous_response_id))
+                state = await core.run(turn, start, route, emit)
+            else:
+                state = await pipeline.run(turn, parent if chain else None, route, emit)
         except ResponsesError as exc:
             results.append(TurnResult(events, None, exc))
             continue
@@ -214,6 +221,20 @@ async def run_turns(
         if state.response.status != "failed":
             parent = state
     return results
+
+
+class _LastAccepted:
+    """The connection cache of :func:`run_turns`: the last accepted response, nothing else."""
+
+    def __init__(self, state: ResponseState | None, wanted: str | None) -> None:
+        self.state = state if state is not None and state.id == wanted else None
+        self.items = ItemIndex(65_536)
+
+    def cached_parent(self) -> tuple[ResponseState, bool] | None:
+        return (self.state, False) if self.state is not None else None
+
+    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

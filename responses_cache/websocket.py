@@ -35,7 +35,6 @@ from .protocol.codec import encode
 from .protocol.errors import (
     HTTPErrorBody,
     ResponsesError,
-    previous_response_not_found,
     server_error,
 )
 from .routing import RouteCache
@@ -393,48 +392,14 @@ class _Connection:
                 await self._pump()
 
     async def _run(self, pending: PendingTurn) -> ResponseState:
-        service, session, metrics = self.service, self.session, self.mode.metrics
-        labels = {"transport": "websocket"}
+        service, session = self.service, self.session
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
         turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
         if pending.size >= _LARGE_FRAME:
             await asyncio.sleep(0)  # decoding took a while: let other connections run in between
-        grace_hits = session.cache.grace_hits
-        parent = session.resolve(pending, time.monotonic())
         route = self.routes.get(turn.model)
-        wanted = pending.request.previous_response_id
-        if wanted is not None:
-            metrics.inc("incremental_sends_total", labels)
-            if parent is not None:
-                metrics.inc("cache_hits_total", labels)
-                if session.cache.grace_hits > grace_hits:
-                    metrics.inc("cache_grace_hits_total", labels)
-            else:
-                metrics.inc("cache_misses_total", labels)
-                delegate = service.delegate_misses
-                if pending.request.store and delegate is not None and await delegate.resolves_previous_response_ids(
-                    turn.model, self.credentials
-                ):
-                    turn.delegated_parent = wanted
-                elif pending.request.store:
-                    # The process-wide hot cache, then the store (and its token-log snapshot).
-                    found = await service.resolve(session.tenant, wanted, route)
-                    if found is not None:
-                        parent = found[0]
-                        metrics.inc(f"resolved_{found[1]}_total", labels)
-                if parent is None and turn.delegated_parent is None:
-                    metrics.inc("previous_response_not_found_total", labels)
-                    raise previous_response_not_found(wanted)
-        await service.resolve_references(turn, parent, session.items)
-        if wanted is None:
-            metrics.inc("full_sends_total", labels)
-            match = session.match_full_input(pending, turn.items, turn.tools.fingerprint)
-            if match is not None:
-                parent, reused = match
-                turn.items = turn.items[reused:]
-                turn.reused_items = reused
-                metrics.inc("full_input_reuse_total", labels)
+        parent = await service.parent_of(turn, route, session.turn_cache(pending, time.monotonic()))
         new_items = turn.items
         state = await service.run(turn, parent, route, self._send)
         if state.response.status != "failed":
