@@ -231,6 +231,35 @@ class FakeEngine:
             if not finished:
                 self.closed_early += 1
 
+    async def _choices(
+        self,
+        behaviour: Behaviour,
+        chunks: list[list[int]],
+        texts: list[str],
+        ids: list[int],
+        reason: str,
+        stop_ids: Sequence[int],
+        stop_field: str,
+        with_ids: bool,
+    ) -> AsyncIterator[dict[str, Any] | bytes]:
+        """A ``/v1/completions`` stream's choices, one per chunk (``stop_field``: the engine's name
+        for the stop id that ended it); an error chunk (already framed, as bytes) ends it."""
+        for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
+            if behaviour.hang_after is not None and i == behaviour.hang_after:
+                await self._hang()
+            if behaviour.error_after is not None and i == behaviour.error_after:
+                yield _sse(self._error_body(500, behaviour.message)) + b"data: [DONE]\n\n"
+                return
+            last = i == len(chunks) - 1
+            choice: dict[str, Any] = {
+                "index": 0, "text": text, "logprobs": None,
+                "finish_reason": (behaviour.finish_reason or reason) if last else None,
+                stop_field: ids[-1] if last and reason == "stop" and ids and ids[-1] in stop_ids else None,
+            }
+            if with_ids:
+                choice["token_ids"] = chunk
+            yield choice
+
     async def _hang(self) -> None:
         await asyncio.sleep(3600)
 
@@ -390,21 +419,14 @@ class FakeVllm(FakeEngine):
         created = int(time.time())
 
         async def frames() -> AsyncIterator[bytes]:
-            for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
-                if behaviour.error_after is not None and i == behaviour.error_after:
-                    yield _sse(self._error_body(500, behaviour.message))
-                    yield b"data: [DONE]\n\n"
+            first = True
+            async for choice in self._choices(behaviour, chunks, texts, ids, reason, stop_ids, "stop_reason", with_ids):
+                if isinstance(choice, bytes):
+                    yield choice  # an error chunk ends the stream
                     return
-                last = i == len(chunks) - 1
-                choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
-                                          "finish_reason": (behaviour.finish_reason or reason) if last else None,
-                                          "stop_reason": ids[-1] if last and reason == "stop" and ids and ids[-1] in stop_ids else None}
-                if with_ids:
-                    choice["token_ids"] = chunk
-                    if i == 0:
-                        choice["prompt_token_ids"] = prompt
+                if with_ids and first:
+                    choice["prompt_token_ids"] = prompt
+                first = False
                 yield _sse({"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
                             "choices": [choice], "usage": None})
             if include_usage:
@@ -519,19 +541,10 @@ class FakeSglang(FakeEngine):
         cached = self._cached(None, prompt)
 
         async def frames() -> AsyncIterator[bytes]:
-            for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
-                if behaviour.error_after is not None and i == behaviour.error_after:
-                    yield _sse(self._error_body(500, behaviour.message))
-                    yield b"data: [DONE]\n\n"
+            async for choice in self._choices(behaviour, chunks, texts, ids, reason, stop_ids, "matched_stop", with_ids):
+                if isinstance(choice, bytes):
+                    yield choice  # an error chunk ends the stream
                     return
-                last = i == len(chunks) - 1
-                choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
-                                          "finish_reason": (behaviour.finish_reason or reason) if last else None,
-                                          "matched_stop": ids[-1] if last and reason == "stop" and ids[-1] in stop_ids else None}
-                if with_ids:
-                    choice["token_ids"] = chunk
                 yield _sse({"id": "sgl-cmpl", "object": "text_completion", "created": 0, "model": self.model,
                             "choices": [choice], "usage": None})
             if include_usage:
