@@ -12,6 +12,7 @@ import dataclasses
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import msgspec
@@ -124,6 +125,18 @@ class PendingTurn:
     successor: bool = False
     #: Bytes of the frame it holds (charged to the input budgets until the turn finishes).
     size: int = 0
+
+
+class SessionState(Enum):
+    """Where a connection is in its life."""
+
+    #: Accepting work.
+    OPEN = "open"
+    #: Past its lifetime: new work is refused (``websocket_connection_limit_reached``); turns
+    #: already running finish.
+    DRAINING = "draining"
+    #: Past its lifetime and idle: the edge closes the socket (1000).
+    CLOSING = "closing"
 
 
 @dataclass(slots=True)
@@ -240,8 +253,7 @@ class Session:
         self._named_lanes: set[str] = set()
         self._seq = 0
         self.in_flight = 0
-        self.expired = False
-        self.close_code: int | None = None
+        self.state = SessionState.OPEN
         self._limit_sent = False
         self.steering = Steering(self.config.max_pending_steers)
 
@@ -360,16 +372,26 @@ class Session:
 
     def tick(self, now: float) -> None:
         """Advance the clock: past the deadline, refuse new work and close once idle."""
-        if not self.expired and now >= self.deadline:
-            self.expired = True
+        if self.state is SessionState.OPEN and now >= self.deadline:
+            self.state = SessionState.DRAINING
             for pending in self._waiting:
                 self._limit_reached(pending.lane)
                 self._release(pending)
             self._waiting.clear()
-        if self.expired and self.in_flight == 0 and self.close_code is None:
+        if self.state is SessionState.DRAINING and self.in_flight == 0:
             if not self._limit_sent:  # the client has not been told yet: tell it before closing
                 self._limit_reached()
-            self.close_code = 1000
+            self.state = SessionState.CLOSING
+
+    @property
+    def expired(self) -> bool:
+        """Past the connection's lifetime: new work is refused."""
+        return self.state is not SessionState.OPEN
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket close code once the edge should close the socket (``None`` before)."""
+        return 1000 if self.state is SessionState.CLOSING else None
 
     # -- turns ------------------------------------------------------------------------------------
 
