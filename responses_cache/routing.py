@@ -1,6 +1,6 @@
 """Model routing: resolve a model name to a :class:`Route` once, then reuse it.
 
-A route names the backend, the renderer (tokenizer + template), the context window and pricing.
+A route names the backend, the renderer (tokenizer + template) and the context window.
 :class:`RouteCache` keeps one resolution per connection and asks the router again only when the
 requested model or the router's ``version`` changes. ``affinity_key`` pins a conversation lane to
 one engine replica so the engine's KV prefix cache stays warm.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .backends.base import Backend
@@ -25,15 +25,6 @@ DEFAULT_CONTEXT_WINDOW = 131_072
 
 
 @dataclass(frozen=True, slots=True)
-class Pricing:
-    """Prices per million tokens (for usage records; informational)."""
-
-    input: float = 0.0
-    cached_input: float = 0.0
-    output: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class Route:
     name: str
     model: str
@@ -41,7 +32,6 @@ class Route:
     renderer: Renderer | None
     context_window: int = DEFAULT_CONTEXT_WINDOW
     replicas: int = 1
-    pricing: Pricing = field(default_factory=Pricing)
 
     def replica_for(self, affinity_key: str) -> int:
         """A stable replica index for a conversation lane."""

@@ -89,7 +89,6 @@ class ScriptedBackend:
 
 #: What the model sees of an item: its render key (see :func:`responses_cache.tokens.key.render_key`;
 #: equal keys render to the same tokens).
-item_identity = render_key
 
 
 def context_of(request: GenerationRequest) -> dict[str, Any]:
@@ -98,7 +97,7 @@ def context_of(request: GenerationRequest) -> dict[str, Any]:
     return {
         "instructions": request.instructions,
         "tools": request.tools.fingerprint,
-        "items": [item_identity(i) for i in request.conversation.items()],
+        "items": [render_key(i) for i in request.conversation.items()],
         "prompt": prompt,
     }
 
@@ -284,9 +283,9 @@ async def hook_equivalence(
             a, b = getattr(inc, name), getattr(full, name)
             if a != b:
                 mismatches.append(Mismatch(n, name, a, b))
-        inc_items = [item_identity(i) for i in (inc.items if inc.items is not None else new)]
+        inc_items = [render_key(i) for i in (inc.items if inc.items is not None else new)]
         full_all = list(full.items) if full.items is not None else [*history, *new]
-        full_items = [item_identity(i) for i in full_all[len(history) :]]
+        full_items = [render_key(i) for i in full_all[len(history) :]]
         if not inc.flagged and inc_items != full_items:
             mismatches.append(Mismatch(n, "items", inc_items, full_items))
         if inc.flagged and not keep:

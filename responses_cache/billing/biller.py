@@ -156,7 +156,6 @@ class Biller:
         self._worker: asyncio.Task[None] | None = None
         self._write_task: asyncio.Task[None] | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
-        self._stopping = False
         self._abort = False
         self._degraded = False
         self._retry_delay = retry_interval
@@ -339,13 +338,16 @@ class Biller:
             if self._stopping:  # a concurrent stop() did it
                 return
             self._state = "stopping"
-            self._stopping = True
             self._poke()
             worker = self._worker
             if worker is not None:
                 await self._await_worker(worker, limit)
             self._state = "stopped"
             await self._finish(limit)
+
+    @property
+    def _stopping(self) -> bool:
+        return self._state in ("stopping", "stopped")
 
     async def __aenter__(self) -> Biller:
         await self.start()

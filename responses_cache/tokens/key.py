@@ -20,7 +20,7 @@ side: equal keys imply equal tokens; unequal keys may still render alike (a ``re
 a text part, say), which only costs a re-render.
 
 Used by the connection cache's full-input matcher (:func:`reusable_prefix`: how far a resend
-equals the cached conversation), by :mod:`responses_cache.testing` (``item_identity``) and by the fidelity tests.
+equals the cached conversation), by :mod:`responses_cache.testing` (``context_of``) and by the fidelity tests.
 """
 
 from __future__ import annotations
