@@ -12,27 +12,14 @@ response) is closed.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .settings import ConnectionLimits
 
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    #: Seconds a connection may take to send a complete request head.
-    header_timeout_s: float = 10.0
-    #: Seconds an idle keep-alive HTTP connection stays open between requests.
-    keep_alive_s: int = 5
-    #: Connections (HTTP and WebSocket together) served at once; beyond it, new requests get 503.
-    max_connections: int = 2048
-    #: WebSocket pings: interval, and how long a pong may take before the connection is dropped.
-    ws_ping_interval_s: float = 20.0
-    ws_ping_timeout_s: float = 20.0
-    #: After a WebSocket's app is done, seconds its peer has to take the last bytes before the
-    #: TCP connection is aborted (a peer that stopped reading).
-    ws_linger_s: float = 30.0
+__all__ = ["ConnectionLimits", "uvicorn_config"]
 
 
 def _http_protocol() -> type[H11Protocol]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,28 @@ from .runtime import (
 from .session import SessionConfig
 
 ENV_PREFIX = "RESPONSES_CACHE_"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What ``serve`` bounds every connection by (applied to uvicorn by :mod:`.serving`)."""
+
+    #: Seconds a connection may take to send a complete request head.
+    header_timeout_s: float = 10.0
+    #: Seconds an idle keep-alive HTTP connection stays open between requests.
+    keep_alive_s: int = 5
+    #: Connections (HTTP and WebSocket together) served at once; beyond it, new requests get 503.
+    max_connections: int = 2048
+    #: WebSocket pings: interval, and how long a pong may take before the connection is dropped.
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
+    #: After a WebSocket's app is done, seconds its peer has to take the last bytes before the
+    #: TCP connection is aborted (a peer that stopped reading).
+    ws_linger_s: float = 30.0
+
+
+
+_LIMITS = ConnectionLimits()
 #: ``RESPONSES_CACHE_*`` variables that are not ``serve`` settings but are read elsewhere: the
 #: vocabulary directory, a single API key, and the vLLM middleware's configuration.
 OTHER_VARIABLES = frozenset(
@@ -99,11 +122,11 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     partition_prefix_cache: bool = True
-    header_timeout_s: float = 10.0
-    keep_alive_s: int = 5
-    max_connections: int = 2048
-    ws_ping_interval_s: float = 20.0
-    ws_ping_timeout_s: float = 20.0
+    header_timeout_s: float = _LIMITS.header_timeout_s
+    keep_alive_s: int = _LIMITS.keep_alive_s
+    max_connections: int = _LIMITS.max_connections
+    ws_ping_interval_s: float = _LIMITS.ws_ping_interval_s
+    ws_ping_timeout_s: float = _LIMITS.ws_ping_timeout_s
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)
