@@ -19,24 +19,49 @@ class Event(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
     stream_id: str | None = None
 
 
-class ResponseCreated(Event, tag="response.created"):
+class ResponseEvent(Event):
+    """An event that carries the whole Response object (its lifecycle)."""
+
     response: Response
 
 
-class ResponseInProgress(Event, tag="response.in_progress"):
-    response: Response
+class ItemEvent(Event):
+    """An event about one output item, by id and position."""
+
+    item_id: str
+    output_index: int
 
 
-class ResponseCompleted(Event, tag="response.completed"):
-    response: Response
+class ContentEvent(ItemEvent):
+    """An event about one content part of an output item."""
+
+    content_index: int
 
 
-class ResponseIncomplete(Event, tag="response.incomplete"):
-    response: Response
+class SummaryEvent(ItemEvent):
+    """An event about one summary part of a reasoning item."""
+
+    summary_index: int
 
 
-class ResponseFailed(Event, tag="response.failed"):
-    response: Response
+class ResponseCreated(ResponseEvent, tag="response.created"):
+    pass
+
+
+class ResponseInProgress(ResponseEvent, tag="response.in_progress"):
+    pass
+
+
+class ResponseCompleted(ResponseEvent, tag="response.completed"):
+    pass
+
+
+class ResponseIncomplete(ResponseEvent, tag="response.incomplete"):
+    pass
+
+
+class ResponseFailed(ResponseEvent, tag="response.failed"):
+    pass
 
 
 class OutputItemAdded(Event, tag="response.output_item.added"):
@@ -49,86 +74,54 @@ class OutputItemDone(Event, tag="response.output_item.done"):
     item: Item
 
 
-class ContentPartAdded(Event, tag="response.content_part.added"):
-    item_id: str
-    output_index: int
-    content_index: int
+class ContentPartAdded(ContentEvent, tag="response.content_part.added"):
     part: OutputText
 
 
-class ContentPartDone(Event, tag="response.content_part.done"):
-    item_id: str
-    output_index: int
-    content_index: int
+class ContentPartDone(ContentEvent, tag="response.content_part.done"):
     part: OutputText
 
 
-class OutputTextDelta(Event, tag="response.output_text.delta"):
-    item_id: str
-    output_index: int
-    content_index: int
+class OutputTextDelta(ContentEvent, tag="response.output_text.delta"):
     delta: str
     logprobs: list[object]  # required on the wire, so no default (omit_defaults would drop [])
 
 
-class OutputTextDone(Event, tag="response.output_text.done"):
-    item_id: str
-    output_index: int
-    content_index: int
+class OutputTextDone(ContentEvent, tag="response.output_text.done"):
     text: str
     logprobs: list[object]  # required on the wire, so no default (omit_defaults would drop [])
 
 
-class FunctionCallArgumentsDelta(Event, tag="response.function_call_arguments.delta"):
-    item_id: str
-    output_index: int
+class FunctionCallArgumentsDelta(ItemEvent, tag="response.function_call_arguments.delta"):
     delta: str
 
 
-class FunctionCallArgumentsDone(Event, tag="response.function_call_arguments.done"):
-    item_id: str
-    output_index: int
+class FunctionCallArgumentsDone(ItemEvent, tag="response.function_call_arguments.done"):
     name: str
     arguments: str
 
 
-class CustomToolCallInputDelta(Event, tag="response.custom_tool_call_input.delta"):
-    item_id: str
-    output_index: int
+class CustomToolCallInputDelta(ItemEvent, tag="response.custom_tool_call_input.delta"):
     delta: str
 
 
-class CustomToolCallInputDone(Event, tag="response.custom_tool_call_input.done"):
-    item_id: str
-    output_index: int
+class CustomToolCallInputDone(ItemEvent, tag="response.custom_tool_call_input.done"):
     input: str
 
 
-class ReasoningSummaryPartAdded(Event, tag="response.reasoning_summary_part.added"):
-    item_id: str
-    output_index: int
-    summary_index: int
+class ReasoningSummaryPartAdded(SummaryEvent, tag="response.reasoning_summary_part.added"):
     part: SummaryText
 
 
-class ReasoningSummaryPartDone(Event, tag="response.reasoning_summary_part.done"):
-    item_id: str
-    output_index: int
-    summary_index: int
+class ReasoningSummaryPartDone(SummaryEvent, tag="response.reasoning_summary_part.done"):
     part: SummaryText
 
 
-class ReasoningSummaryTextDelta(Event, tag="response.reasoning_summary_text.delta"):
-    item_id: str
-    output_index: int
-    summary_index: int
+class ReasoningSummaryTextDelta(SummaryEvent, tag="response.reasoning_summary_text.delta"):
     delta: str
 
 
-class ReasoningSummaryTextDone(Event, tag="response.reasoning_summary_text.done"):
-    item_id: str
-    output_index: int
-    summary_index: int
+class ReasoningSummaryTextDone(SummaryEvent, tag="response.reasoning_summary_text.done"):
     text: str
 
 
@@ -139,19 +132,11 @@ class ErrorEvent(Event, tag="error"):
     error: ErrorPayload
 
 
-
-
-class ReasoningTextDelta(Event, tag="response.reasoning_text.delta"):
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningTextDelta(ContentEvent, tag="response.reasoning_text.delta"):
     delta: str
 
 
-class ReasoningTextDone(Event, tag="response.reasoning_text.done"):
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningTextDone(ContentEvent, tag="response.reasoning_text.done"):
     text: str
 
 
