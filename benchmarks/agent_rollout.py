@@ -7,6 +7,9 @@ here too (``--quick``, ``--out DIR``, ...). See docs/benchmarks.md.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from benchmarks.suite import main
 
