@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .backends.base import Backend, BackendEvent, Finish, GenerationRequest
+from .backends.base import Backend, BackendEvent, Finish, GenerationRequest, TextDelta
 from .backends.simulated import SimulatedConfig, SimulatedEngine
 from .fake_engines import Behaviour as Behaviour
 from .fake_engines import ChatReply as ChatReply
@@ -89,6 +89,34 @@ class ScriptedBackend:
 
 #: What the model sees of an item: its render key (see :func:`responses_cache.tokens.key.render_key`;
 #: equal keys render to the same tokens).
+
+
+class EndlessBackend:
+    """Streams text deltas until it is closed: for testing that cancellation reaches the engine.
+    ``open`` counts the generators still running (0 once every cancelled turn closed its
+    stream), ``started`` those ever started and ``closed`` those closed."""
+
+    accepts_media = True
+
+    def __init__(self, models: Sequence[str] = ("sim-1",)) -> None:
+        self._models = list(models)
+        self.open = 0
+        self.started = 0
+        self.closed = 0
+
+    def models(self) -> Sequence[str]:
+        return self._models
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        self.open += 1
+        self.started += 1
+        try:
+            while True:
+                await asyncio.sleep(0.001)
+                yield TextDelta("x ")
+        finally:
+            self.open -= 1
+            self.closed += 1
 
 
 def context_of(request: GenerationRequest) -> dict[str, Any]:

@@ -7,38 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from responses_cache import create_app
-from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
 from responses_cache.billing.record import UsageRecord
 from responses_cache.pipeline.hooks import HookContext, Verdict
 from responses_cache.protocol.items import Item
-
-
-class Endless:
-    accepts_media = True
-
-    def __init__(self) -> None:
-        self.open = 0
-        self.closed = 0
-
-    def models(self) -> Sequence[str]:
-        return ("sim-1",)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        self.open += 1
-        try:
-            for _ in range(1_000_000):
-                await asyncio.sleep(0.001)
-                yield TextDelta("x ")
-            yield Finish()
-        finally:
-            self.open -= 1
-            self.closed += 1
+from responses_cache.testing import EndlessBackend
 
 
 class Watching:
@@ -93,7 +71,7 @@ SCOPE: dict[str, Any] = {
 
 @pytest.mark.parametrize("disconnects", [1, 5])
 async def test_disconnect_with_an_alongside_hook_is_billed_cancelled(caplog: pytest.LogCaptureFixture, disconnects: int) -> None:
-    backend, hook, billing = Endless(), Watching(), Records()
+    backend, hook, billing = EndlessBackend(), Watching(), Records()
     app = create_app(backend=backend, renderer=None, hooks=[hook], billing=billing)
     caplog.set_level(logging.ERROR)
     for _ in range(disconnects):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -16,8 +15,8 @@ import pytest
 from responses_cache import create_service
 from responses_cache.app import app_for
 from responses_cache.auth import AllowAll
-from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
 from responses_cache.session import InputBudget, PendingTurn, Session, SessionConfig
+from responses_cache.testing import EndlessBackend
 from responses_cache.websocket import WebSocketMode
 
 SCOPE: dict[str, Any] = {
@@ -27,28 +26,6 @@ SCOPE: dict[str, Any] = {
 }
 
 
-class EndlessBackend:
-    """Streams deltas until cancelled; counts the generators still open."""
-
-    accepts_media = True
-
-    def __init__(self) -> None:
-        self.open = 0
-        self.started = 0
-
-    def models(self) -> Sequence[str]:
-        return ("sim-1",)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        self.open += 1
-        self.started += 1
-        try:
-            for _ in range(1_000_000):
-                await asyncio.sleep(0.001)
-                yield TextDelta("x ")
-            yield Finish()
-        finally:
-            self.open -= 1
 
 
 class StuckPeer:
