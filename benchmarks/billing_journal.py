@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from websockets.asyncio.client import connect
+from billing_server import (
+    timed_turns,  # the same client as billing_server.py (run from benchmarks/)
+)
 
 from responses_cache import Biller, JsonlSink, SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.testing import serve_in_thread
@@ -34,21 +34,6 @@ from responses_cache.testing import serve_in_thread
 MODES = ("none", "memory", "process", "machine")
 
 
-async def _loop(url: str, turns: int, out: list[float], gate: asyncio.Queue[None], done: asyncio.Queue[None]) -> None:
-    async with connect(url, max_size=None, compression=None) as ws:
-        previous = None
-        for _ in range(turns):
-            await gate.get()
-            body = {"type": "response.create", "model": "sim-1", "input": "next step", "previous_response_id": previous}
-            start = time.perf_counter()
-            await ws.send(json.dumps(body))
-            while True:
-                event = json.loads(await ws.recv())
-                if event["type"] == "response.completed":
-                    break
-            out.append(time.perf_counter() - start)
-            previous = event["response"]["id"]
-            await done.put(None)
 
 
 async def main_async(turns: int, instant: bool, directory: Path, warmup: int) -> dict[str, Any]:
@@ -69,7 +54,7 @@ async def main_async(turns: int, instant: bool, directory: Path, warmup: int) ->
         gates = {mode: asyncio.Queue[None]() for mode in MODES}
         dones = {mode: asyncio.Queue[None]() for mode in MODES}
         tasks = [
-            asyncio.create_task(_loop(servers[mode].ws_url, turns + warmup, results[mode], gates[mode], dones[mode]))
+            asyncio.create_task(timed_turns(servers[mode].ws_url, turns + warmup, results[mode], gates[mode], dones[mode]))
             for mode in MODES
         ]
         order = list(MODES)

@@ -36,7 +36,8 @@ class SleepySink:
         pass
 
 
-async def _loop(url: str, turns: int, out: list[float], gate: asyncio.Queue[None], done: asyncio.Queue[None]) -> None:
+async def timed_turns(url: str, turns: int, out: list[float], gate: asyncio.Queue[None], done: asyncio.Queue[None]) -> None:
+    """One WebSocket client's chain of turns, each let go by ``gate``; its times go to ``out``."""
     async with connect(url, max_size=None, compression=None) as ws:
         previous = None
         for _ in range(turns):
@@ -65,7 +66,7 @@ async def main_async(turns: int, delay: float, instant: bool) -> dict[str, Any]:
         gates = {k: asyncio.Queue[None]() for k in results}
         dones = {k: asyncio.Queue[None]() for k in results}
         tasks = [
-            asyncio.create_task(_loop(server.ws_url, turns, results[name], gates[name], dones[name]))
+            asyncio.create_task(timed_turns(server.ws_url, turns, results[name], gates[name], dones[name]))
             for name, server in zip(results, servers, strict=True)
         ]
         for _ in range(turns):  # alternate: one turn on each server, never both at once
