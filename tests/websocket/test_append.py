@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from wsclient import ERROR_KEYS, RENDERER, TERMINAL, WS, check_event, check_stream, function_tool, ws_connect
+from wsclient import (
+    ERROR_KEYS,
+    RENDERER,
+    TERMINAL,
+    WS,
+    check_event,
+    check_stream,
+    function_tool,
+    ws_connect,
+)
 
 from responses_cache import Biller
 from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest
@@ -37,7 +46,7 @@ class RecordingEngine:
 
     accepts_media = True
 
-    def __init__(self, calls: int = 3, gate: asyncio.Event | None = None) -> None:
+    def __init__(self, calls: int = 3) -> None:
         scenario = Scenario(tool_calls=calls, argument_tokens=3, answer_tokens=4)
         self.engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=scenario, model_names=(MODEL,)))
         self.requests: list[GenerationRequest] = []
