@@ -552,10 +552,13 @@ class Session:
             self._error(invalid_request(f"Invalid response.append: {exc}.", None, "invalid_value"), None)
             return
         response_id = frame.response_id
-        if not isinstance(response_id, str) or not response_id:
+        if response_id is None or response_id == "":
             self._error(
                 invalid_request("Missing required parameter: 'response_id'.", "response_id", "missing_required_parameter"), None
             )
+            return
+        if not isinstance(response_id, str):
+            self._error(invalid_request("Invalid type for 'response_id': expected a string.", "response_id", "invalid_type"), None)
             return
         found = self._appendable.get(response_id)
         lane = found[0] if found is not None else None
