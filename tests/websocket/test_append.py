@@ -304,3 +304,25 @@ async def test_a_disconnect_while_awaiting_input_bills_the_response_cancelled(se
     assert [(r.response_id, r.status) for r in records] == [(rid, "cancelled")]
     assert records[0].output_tokens == sum(f.usage.output_tokens or 0 for f in engine.finishes if f.usage) > 0
     assert len(engine.requests) == 2 and engine.closed == 2
+
+
+async def test_a_stored_appended_response_hydrates_with_its_outputs(serve: Any) -> None:
+    """``store: true``: a continuation on another connection (no hot cache: hydrated from the
+    store) renders the appended outputs where they came, as a full render of the conversation."""
+    engine = RecordingEngine(calls=2)
+    server = serve(backend=engine, session=APPEND_ON, hot_cache_bytes=0)
+    async with ws_connect(server.ws_url) as ws:
+        events, appended = await tool_loop(ws)
+    first = events[-1]["response"]
+    async with ws_connect(server.ws_url) as ws:
+        await ws.create(model=MODEL, input="again", tools=TOOLS, instructions=INSTRUCTIONS, previous_response_id=first["id"])
+        done = await until(ws, *TERMINAL)
+    assert done[-1]["type"] == "response.completed", done[-1]
+    out = first["output"]
+    wanted = [{"role": "user", "content": "go"}, out[0], *appended[0], out[1], *appended[1], out[2], {"role": "user", "content": "again"}]
+    items = decode_input(json.dumps(wanted).encode())
+    last = engine.requests[-1]
+    assert [type(i).__name__ for i in last.conversation.items()] == [type(i).__name__ for i in items]
+    if RENDERER is not None and last.prompt is not None:
+        r = last.prompt.renderer
+        assert list(last.prompt.tokens()) == list(r.prompt(r.render_full(INSTRUCTIONS, last.tools, items)))
