@@ -53,7 +53,7 @@ from ..store import ResponseStore, StoredResponse
 from ..tokens.snapshot import delta
 from .append import AwaitingInput
 from .generate import Emit, OutputBuilder
-from .hooks import Flag, HookContext, HookRunner
+from .hooks import Flag, HookContext, HookRunner, Verdict
 from .interrupt import Interrupt
 from .render import RenderedPrompt, extend_with_output, render, text_chars
 from .turn import Turn
@@ -260,9 +260,14 @@ class Pipeline:
                     engine_usage = None
                     round_items = out.output[round_start:]
                     output_start, round_start = out.output_tokens, len(out.output)
-                    appended, hook_state = await self.hooks.run_before(
-                        ctx, appended, hook_state, history=context_now.extend(round_items)
-                    )
+                    try:
+                        appended, hook_state = await self.hooks.run_before(
+                            ctx, appended, hook_state, history=context_now.extend(round_items)
+                        )
+                    except ResponsesError as exc:  # a blocking hook flagged the appended input
+                        verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
+                        late_flag = Flag("append", verdict)
+                        break
                     earlier += [*round_items, *appended]
                     context_now = context_now.extend([*round_items, *appended])
                     rendered = self._append_tokens(route, rendered, round_items, finish.token_ids, appended)

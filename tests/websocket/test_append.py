@@ -30,6 +30,8 @@ from responses_cache.backends.base import BackendEvent, Finish, GenerationReques
 from responses_cache.backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
 from responses_cache.billing import CallableSink, UsageRecord
 from responses_cache.billing.journal import AckEntry, CloseEntry, MarkEntry, OpenEntry
+from responses_cache.pipeline.hooks import HookContext, Phase, Verdict
+from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.session import SessionConfig
 
@@ -326,3 +328,40 @@ async def test_a_stored_appended_response_hydrates_with_its_outputs(serve: Any) 
     if RENDERER is not None and last.prompt is not None:
         r = last.prompt.renderer
         assert list(last.prompt.tokens()) == list(r.prompt(r.render_full(INSTRUCTIONS, last.tools, items)))
+
+
+class BlockSecrets:
+    """A blocking safety hook: flags any new item whose text contains ``secret``."""
+
+    name = "secrets"
+    phase: Phase = "before"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    async def __call__(self, ctx: HookContext, new_items: Sequence[Item], state: Any) -> Verdict:
+        self.seen.append(len(new_items))
+        return Verdict(flagged="secret" in json.dumps([msgspec.to_builtins(i) for i in new_items]))
+
+
+async def test_safety_hooks_see_appended_outputs_and_a_flag_ends_the_response(serve: Any) -> None:
+    engine = RecordingEngine(calls=3)
+    records: list[UsageRecord] = []
+    hook = BlockSecrets()
+    server = serve(backend=engine, session=APPEND_ON, hooks=[hook], billing=Biller(CallableSink(records.extend), flush_interval=0.001))
+    async with ws_connect(server.ws_url) as ws:
+        await ws.create(model=MODEL, input="go", tools=TOOLS, instructions=INSTRUCTIONS, append=True)
+        waiting = (await until(ws, "response.awaiting_input"))[-1]
+        await ws.send(append(waiting["response_id"], outputs(waiting["call_ids"])))
+        waiting = (await until(ws, "response.awaiting_input"))[-1]
+        await ws.send(append(waiting["response_id"], outputs(waiting["call_ids"], "the secret is")))
+        done = (await until(ws, *TERMINAL))[-1]
+    server.stop()
+    assert hook.seen == [1, 1, 1]  # the input, then each append: never the history
+    # Like a flag raised during generation: the response ends incomplete (content_filter), billed.
+    assert done["type"] == "response.incomplete", done
+    assert done["response"]["incomplete_details"] == {"reason": "content_filter"}
+    assert [i["type"] for i in done["response"]["output"]] == ["function_call", "function_call"]
+    assert len(engine.requests) == 2  # the flagged output never reached the engine
+    assert [(r.response_id, r.status) for r in records] == [(done["response"]["id"], "incomplete")]
+    assert records[0].output_tokens == done["response"]["usage"]["output_tokens"] > 0
