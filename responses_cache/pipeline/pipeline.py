@@ -117,7 +117,15 @@ class UsageJournalWriter(Protocol):
 
     def begin(self, entry: OpenEntry) -> Awaitable[None] | None: ...
 
-    def progress(self, response_id: str, output_tokens: int, reasoning_tokens: int = 0) -> None: ...
+    def progress(
+        self,
+        response_id: str,
+        output_tokens: int,
+        reasoning_tokens: int = 0,
+        *,
+        input_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None: ...
 
     def end(self, record: UsageRecord) -> Awaitable[None] | None: ...
 
@@ -276,6 +284,12 @@ class Pipeline:
                         conversation=context_now,
                         prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
                     )
+                    if self.journal is not None:  # the input grew: a crash now bills all of it
+                        grown = self._usage(turn, route, rendered, out, None, spent, output_start)
+                        self.journal.progress(
+                            turn.response_id, out.output_tokens, out.reasoning_tokens,
+                            input_tokens=grown.input_tokens, cached_tokens=grown.input_tokens_details.cached_tokens,
+                        )
                     late_flag, more_state, finish = await self._generate(
                         route, generation, out, ctx, appended, parent, turn.response_id, turn.interrupt
                     )

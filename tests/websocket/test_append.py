@@ -29,7 +29,13 @@ from responses_cache import Biller
 from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest
 from responses_cache.backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
 from responses_cache.billing import CallableSink, UsageRecord
-from responses_cache.billing.journal import AckEntry, CloseEntry, MarkEntry, OpenEntry
+from responses_cache.billing.journal import (
+    AckEntry,
+    CloseEntry,
+    MarkEntry,
+    OpenEntry,
+    recovered_record,
+)
 from responses_cache.pipeline.hooks import HookContext, Phase, Verdict
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
@@ -201,6 +207,19 @@ async def test_a_tool_loop_runs_inside_one_response(serve: Any, tmp_path: Path) 
     assert [e.id for e in entries if isinstance(e, OpenEntry)] == [response["id"]]
     closes = [e.record for e in entries if isinstance(e, CloseEntry)]
     assert [c.response_id for c in closes] == [response["id"]] and closes[0].input_tokens == usage["input_tokens"]
+    # Each append journals the grown input: a crash during the last engine call bills all of it.
+    grown = [e for e in entries if isinstance(e, MarkEntry) and e.input_tokens is not None]
+    assert len(grown) == 3
+    if RENDERER is None:  # without a token log the grown input is known only from the engine's usage
+        return
+    assert grown[-1].input_tokens == usage["input_tokens"]
+    assert grown[-1].cached_tokens == usage["input_tokens_details"]["cached_tokens"]
+    opened = next(e for e in entries if isinstance(e, OpenEntry))
+    recovered = recovered_record(opened, grown[-1])
+    assert (recovered.status, recovered.input_tokens, recovered.cached_tokens) == (
+        "cancelled", usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+    )
+    assert recovered_record(opened, None).input_tokens == opened.input_tokens  # marks without input: the open's
 
 
 async def test_a_continuation_after_an_appended_response_sees_the_whole_conversation(serve: Any) -> None:
