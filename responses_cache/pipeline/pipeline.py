@@ -262,20 +262,21 @@ class Pipeline:
                         break
                     await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
                     appended = await turn.append.wait(calls)
-                    # The engine call that ended is spent; the next one continues the same response.
-                    used = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
-                    spent = (used.input_tokens, used.input_tokens_details.cached_tokens, used.output_tokens)
-                    engine_usage = None
                     round_items = out.output[round_start:]
-                    output_start, round_start = out.output_tokens, len(out.output)
                     try:
                         appended, hook_state = await self.hooks.run_before(
                             ctx, appended, hook_state, history=context_now.extend(round_items)
                         )
-                    except ResponsesError as exc:  # a blocking hook flagged the appended input
+                    except ResponsesError as exc:  # a blocking hook flagged the appended input:
+                        # the response ends after its calls, as if nothing had been appended.
                         verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
                         late_flag = Flag("append", verdict)
                         break
+                    # The engine call that ended is spent; the next one continues the same response.
+                    used = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
+                    spent = (used.input_tokens, used.input_tokens_details.cached_tokens, used.output_tokens)
+                    engine_usage = None
+                    output_start, round_start = out.output_tokens, len(out.output)
                     earlier += [*round_items, *appended]
                     context_now = context_now.extend([*round_items, *appended])
                     rendered = self._append_tokens(route, rendered, round_items, finish.token_ids, appended)

@@ -37,7 +37,7 @@ from responses_cache.billing.journal import (
     recovered_record,
 )
 from responses_cache.pipeline.hooks import HookContext, Phase, Verdict
-from responses_cache.protocol.items import Item
+from responses_cache.protocol.items import FunctionCallOutput, Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.session import SessionConfig
 
@@ -375,12 +375,27 @@ async def test_safety_hooks_see_appended_outputs_and_a_flag_ends_the_response(se
         waiting = (await until(ws, "response.awaiting_input"))[-1]
         await ws.send(append(waiting["response_id"], outputs(waiting["call_ids"], "the secret is")))
         done = (await until(ws, *TERMINAL))[-1]
+        # The response ended after its second call, still open: a continuation answers it.
+        second = waiting["call_ids"]
+        clean = outputs(second, "redacted")
+        await ws.create(model=MODEL, input=clean, tools=TOOLS, instructions=INSTRUCTIONS, previous_response_id=done["response"]["id"])
+        more = await until(ws, *TERMINAL)
     server.stop()
-    assert hook.seen == [1, 1, 1]  # the input, then each append: never the history
+    assert more[-1]["type"] == "response.completed", more[-1]
+    last = engine.requests[-1]
+    out = done["response"]["output"]
+    first_outputs = [i for i in engine.requests[1].conversation.items() if isinstance(i, FunctionCallOutput)]
+    wanted = [{"role": "user", "content": "go"}, out[0], msgspec.to_builtins(first_outputs[0]), out[1], *clean]
+    items = decode_input(json.dumps(wanted).encode())
+    assert [type(i).__name__ for i in last.conversation.items()] == [type(i).__name__ for i in items]
+    if RENDERER is not None and last.prompt is not None:
+        r = last.prompt.renderer
+        assert list(last.prompt.tokens()) == list(r.prompt(r.render_full(INSTRUCTIONS, last.tools, items)))
+    assert hook.seen == [1, 1, 1, 1]  # the input, each append, the continuation: never the history
     # Like a flag raised during generation: the response ends incomplete (content_filter), billed.
     assert done["type"] == "response.incomplete", done
     assert done["response"]["incomplete_details"] == {"reason": "content_filter"}
     assert [i["type"] for i in done["response"]["output"]] == ["function_call", "function_call"]
-    assert len(engine.requests) == 2  # the flagged output never reached the engine
-    assert [(r.response_id, r.status) for r in records] == [(done["response"]["id"], "incomplete")]
+    assert len(engine.requests) == 3  # the flagged output never reached the engine
+    assert (records[0].response_id, records[0].status) == (done["response"]["id"], "incomplete")
     assert records[0].output_tokens == done["response"]["usage"]["output_tokens"] > 0
