@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -252,7 +252,8 @@ class Pipeline:
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
-                    route, generation, out, ctx, items, parent, turn.response_id, turn.interrupt, stream
+                    route, generation, out, ctx, items, parent.hook_state if parent else {}, history,
+                    turn.response_id, turn.interrupt, stream,
                 )
                 engine_usage = finish.usage if finish else None
                 while turn.append is not None and finish is not None and self._may_append(turn, late_flag, finish):
@@ -263,10 +264,9 @@ class Pipeline:
                     await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
                     appended = await turn.append.wait(calls)
                     round_items = out.output[round_start:]
+                    before_append = context_now.extend(round_items)
                     try:
-                        appended, hook_state = await self.hooks.run_before(
-                            ctx, appended, hook_state, history=context_now.extend(round_items)
-                        )
+                        appended, hook_state = await self.hooks.run_before(ctx, appended, hook_state, history=before_append)
                     except ResponsesError as exc:  # a blocking hook flagged the appended input:
                         # the response ends after its calls, as if nothing had been appended.
                         verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
@@ -278,7 +278,7 @@ class Pipeline:
                     engine_usage = None
                     output_start, round_start = out.output_tokens, len(out.output)
                     earlier += [*round_items, *appended]
-                    context_now = context_now.extend([*round_items, *appended])
+                    context_now = before_append.extend(appended)
                     rendered = self._append_tokens(route, rendered, round_items, finish.token_ids, appended)
                     generation = dataclasses.replace(
                         generation,
@@ -291,8 +291,10 @@ class Pipeline:
                             turn.response_id, out.output_tokens, out.reasoning_tokens,
                             input_tokens=grown.input_tokens, cached_tokens=grown.input_tokens_details.cached_tokens,
                         )
+                    # Alongside hooks go on from their own state: they see only the appended items.
+                    carried = {**(parent.hook_state if parent else {}), **alongside_state}
                     late_flag, more_state, finish = await self._generate(
-                        route, generation, out, ctx, appended, parent, turn.response_id, turn.interrupt
+                        route, generation, out, ctx, appended, carried, before_append, turn.response_id, turn.interrupt
                     )
                     alongside_state.update(more_state)
                     engine_usage = finish.usage if finish else None
@@ -497,21 +499,19 @@ class Pipeline:
         out: OutputBuilder,
         ctx: HookContext,
         items: list[Item],
-        parent: ResponseState | None,
+        carried: Mapping[str, Any],
+        history: Conversation | None,
         response_id: str,
         interrupt: Interrupt | None = None,
         opened: AsyncGenerator[BackendEvent, None] | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
-        """Stream the backend; alongside hooks run concurrently and a flag stops generation, as
-        does steering (``interrupt``) at the next safe boundary."""
+        """Stream the backend; alongside hooks run concurrently (on ``items``, with the ``carried``
+        hook states, ``history`` before them) and a flag stops generation, as does steering
+        (``interrupt``) at the next safe boundary."""
         hooks = self.hooks
         watcher: asyncio.Task[tuple[Flag | None, dict[str, Any]]] | None = None
         if hooks.alongside:
-            watcher = asyncio.ensure_future(
-                hooks.run_alongside(
-                    ctx, items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
-                )
-            )
+            watcher = asyncio.ensure_future(hooks.run_alongside(ctx, items, carried, history=history))
         finish: Finish | None = None
         states: dict[str, Any] = {}
         journal = self.journal

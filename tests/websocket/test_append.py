@@ -399,3 +399,30 @@ async def test_safety_hooks_see_appended_outputs_and_a_flag_ends_the_response(se
     assert len(engine.requests) == 3  # the flagged output never reached the engine
     assert (records[0].response_id, records[0].status) == (done["response"]["id"], "incomplete")
     assert records[0].output_tokens == done["response"]["usage"]["output_tokens"] > 0
+
+
+class CountAlongside:
+    """An incremental alongside hook: its state counts the items it has seen."""
+
+    name = "counter"
+    phase: Phase = "alongside"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, Any]] = []
+
+    async def __call__(self, ctx: HookContext, new_items: Sequence[Item], state: Any) -> Verdict:
+        self.calls.append((len(new_items), state))
+        return Verdict(state=(state or 0) + len(new_items))
+
+
+async def test_alongside_hooks_go_on_from_their_state_over_the_appended_items(serve: Any) -> None:
+    """Incremental = full: each engine call's alongside hooks see only the appended items, with
+    the state they carried from the call before (not the history, not the parent's state again)."""
+    hook = CountAlongside()
+    server = serve(backend=RecordingEngine(calls=2), session=APPEND_ON, hooks=[hook])
+    async with ws_connect(server.ws_url) as ws:
+        events, _ = await tool_loop(ws, store=False)
+        first = events[-1]["response"]
+        await ws.create(model=MODEL, input="next", tools=TOOLS, instructions=INSTRUCTIONS, previous_response_id=first["id"], store=False)
+        await until(ws, *TERMINAL)
+    assert hook.calls == [(1, None), (1, 1), (1, 2), (1, 3)]
