@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
+from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
 from .pipeline.turn import Transport, Turn
@@ -105,6 +106,10 @@ class ResponsesService:
                 "conversation",
                 "unsupported_parameter",
             )
+        if request.append and (transport != "websocket" or self.delegate_misses is not None):
+            # The extension keeps a response open inside this server's pipeline: not over HTTP, and
+            # not for a bridged app, which continues from its own store.
+            raise append_not_enabled()
         return Turn(
             request=request,
             items=decode_input(request.input),

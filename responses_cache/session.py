@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from .conversation import Conversation
+from .pipeline.append import AppendChannel, append_not_enabled
 from .pipeline.interrupt import Interrupt
 from .protocol import events as ev
 from .protocol.codec import too_deep
@@ -27,15 +28,15 @@ from .protocol.errors import (
     invalid_request,
     previous_response_not_found,
 )
-from .protocol.items import Item
-from .protocol.request import CreateResponse, decode_create
+from .protocol.items import FunctionCallOutput, Item
+from .protocol.request import CreateResponse, decode_create, decode_input
 from .references import ItemIndex
 from .state import ResponseState, rebased
 from .steering import SUCCESSOR_FAILED, Steer, Steering
 from .tokens.key import reusable_prefix
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-_IGNORED = frozenset({"response.processed", "response.append"})
+_IGNORED = frozenset({"response.processed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,10 @@ class SessionConfig:
     superseded_grace_s: float = 10.0
     #: Steering submissions queued per target response (more get ``too_many_pending_steers``).
     max_pending_steers: int = 16
+    #: The ``response.append`` extension (off by default): a create with ``"append": true`` keeps
+    #: its response open across function calls for the client to append their outputs to. Off,
+    #: such a create is refused and ``response.append`` frames are ignored (the legacy event).
+    allow_append: bool = False
     limit_message: str = (
         "Responses websocket connection limit reached ({minutes} minutes). "
         "Create a new websocket connection to continue."
@@ -106,6 +111,19 @@ class _Probe(msgspec.Struct):
 
 
 _probe = msgspec.json.Decoder(_Probe)
+
+
+class _AppendFrame(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    response_id: Any = None
+    input: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_append_frame = msgspec.json.Decoder(_AppendFrame)
+
+
+def _append_input(message: str, param: str) -> ResponsesError:
+    return invalid_request(message, param, "invalid_append_input")
 
 
 @dataclass(slots=True)
@@ -219,6 +237,28 @@ class ConnectionCache:
             self.superseded.popleft()
 
 
+def _unanswered(items: list[Item], pending: tuple[str, ...]) -> ResponsesError | None:
+    """Why ``items`` do not answer exactly the ``pending`` calls, one output each (``None``: they do)."""
+    answered: set[str] = set()
+    for index, item in enumerate(items):
+        if not isinstance(item, FunctionCallOutput):
+            return _append_input("Only function_call_output items can be appended to a response.", f"input[{index}]")
+        if item.call_id not in pending:
+            return _append_input(
+                f"No function call with call_id '{item.call_id}' is waiting for output in this response.",
+                f"input[{index}].call_id",
+            )
+        if item.call_id in answered:
+            return _append_input(f"Duplicate output for call_id '{item.call_id}'.", f"input[{index}].call_id")
+        answered.add(item.call_id)
+    missing = [c for c in pending if c not in answered]
+    if missing:
+        return _append_input(
+            "Missing function_call_output for call_id " + ", ".join(f"'{c}'" for c in missing) + ".", "input"
+        )
+    return None
+
+
 def _descends(child: Conversation, parent: Conversation) -> bool:
     """True when ``child`` extends ``parent``'s very nodes (so keeping ``parent`` costs little).
     O(nodes added since), a couple per turn."""
@@ -256,6 +296,8 @@ class Session:
         self.state = SessionState.OPEN
         self._limit_sent = False
         self.steering = Steering(self.config.max_pending_steers)
+        #: Responses that opted in to ``response.append``, while they run: response id → (lane, channel).
+        self._appendable: dict[str, tuple[str | None, AppendChannel]] = {}
 
     # -- input ------------------------------------------------------------------------------------
 
@@ -279,7 +321,13 @@ class Session:
         if kind is not None and not isinstance(kind, str):  # never hash a non-string tag
             self._error(invalid_request("Invalid type for 'type': expected a string.", "type", "invalid_type"), None)
             return
-        if kind in _IGNORED:
+        if kind in _IGNORED or (kind == "response.append" and not self.config.allow_append):
+            return  # the legacy response.append is ignored unless the extension is on
+        if kind == "response.append":
+            try:
+                self._append(text)
+            except RecursionError:
+                self._error(too_deep(), None)
             return
         if kind == "response.steer":
             try:
@@ -345,6 +393,8 @@ class Session:
                 request = decode_create(text)
             if request.background:
                 raise invalid_request("Background mode is not supported over WebSocket.", "background", "unsupported_parameter")
+            if request.append and not self.config.allow_append:
+                raise append_not_enabled()
         except ResponsesError as exc:
             self._release_size(size)
             self._error(exc, lane)
@@ -458,6 +508,7 @@ class Session:
         self.in_flight -= 1
         self._active_lanes.discard(pending.lane)
         self._running.pop(pending.seq, None)
+        self._appendable.pop(pending.response_id, None)
         self._release(pending)
         ok = state is not None and state.response.status != "failed"
         if ok:
@@ -483,6 +534,53 @@ class Session:
         interrupt the pipeline checks (``None``: this response cannot be steered)."""
         pending.response_id = response_id
         return self.steering.activate(response_id, pending.lane, pending.request, supported)
+
+    def appendable(self, pending: PendingTurn) -> AppendChannel | None:
+        """The channel ``response.append`` feeds, for a turn that opted in (after :meth:`activate`)."""
+        if not pending.request.append or not self.config.allow_append:
+            return None
+        channel = AppendChannel()
+        self._appendable[pending.response_id] = (pending.lane, channel)
+        return channel
+
+    def _append(self, text: str | bytes) -> None:
+        """A ``response.append`` (the extension is on): validate it against the calls its response
+        waits for and hand the outputs over; or answer with an ``error`` event."""
+        try:
+            frame = _append_frame.decode(text)
+        except msgspec.ValidationError as exc:
+            self._error(invalid_request(f"Invalid response.append: {exc}.", None, "invalid_value"), None)
+            return
+        response_id = frame.response_id
+        if response_id is None or response_id == "":
+            self._error(
+                invalid_request("Missing required parameter: 'response_id'.", "response_id", "missing_required_parameter"), None
+            )
+            return
+        if not isinstance(response_id, str):
+            self._error(invalid_request("Invalid type for 'response_id': expected a string.", "response_id", "invalid_type"), None)
+            return
+        found = self._appendable.get(response_id)
+        lane = found[0] if found is not None else None
+        if found is None or not found[1].awaiting:
+            message = (
+                f"Response '{response_id}' is generating; append its tool outputs after response.awaiting_input."
+                if found is not None
+                else f"No response with id '{response_id}' is waiting for input on this connection."
+            )
+            self._error(invalid_request(message, "response_id", "response_not_awaiting_input"), lane)
+            return
+        channel = found[1]
+        try:
+            items = decode_input(frame.input)
+        except ResponsesError as exc:
+            self._error(exc, lane)
+            return
+        problem = _unanswered(items, channel.pending)
+        if problem is not None:
+            self._error(problem, lane)
+            return
+        channel.deliver(items)
 
     def rejected(self, pending: PendingTurn, exc: ResponsesError) -> None:
         """A turn failed before ``response.created``: the client's own request gets the ``error``
@@ -525,6 +623,7 @@ class Session:
         self.cache.clear()
         self.items.clear()
         self.steering.clear()
+        self._appendable.clear()
         for pending in [*self._waiting, *self._running.values()]:
             self._release(pending)
         self._waiting.clear()

@@ -62,6 +62,7 @@ SESSION_SETTINGS = (
     "max_in_flight", "max_named_lanes", "max_queued", "max_queued_bytes", "lifetime_s", "lifetime_grace_s",
     "max_cached_items", "max_cached_bytes", "max_referenceable_items", "max_referenceable_bytes",
     "retain_token_log", "superseded_keep", "superseded_grace_s", "max_pending_steers",
+    "allow_append",
 )
 
 
@@ -106,6 +107,8 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     superseded_keep: int = _SESSION.superseded_keep
     superseded_grace_s: float = _SESSION.superseded_grace_s
     max_pending_steers: int = _SESSION.max_pending_steers
+    #: The ``response.append`` extension (WebSocket only; off by default).
+    allow_append: bool = _SESSION.allow_append
     max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     process_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     #: The process-wide hot cache's share of ``process_cache_bytes`` (default half; 0: none).

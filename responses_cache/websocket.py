@@ -396,6 +396,7 @@ class _Connection:
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
         turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
+        turn.append = session.appendable(pending)
         if pending.size >= _LARGE_FRAME:
             await asyncio.sleep(0)  # decoding took a while: let other connections run in between
         route = self.routes.get(turn.model)

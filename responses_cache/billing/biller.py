@@ -222,13 +222,24 @@ class Biller:
             return None
         return self._durable_after(end)
 
-    def progress(self, response_id: str, output_tokens: int, reasoning_tokens: int = 0) -> None:
-        """A progress mark: ``output_tokens`` generated so far (billed if the process dies)."""
+    def progress(
+        self,
+        response_id: str,
+        output_tokens: int,
+        reasoning_tokens: int = 0,
+        *,
+        input_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """A progress mark: ``output_tokens`` generated so far (billed if the process dies); with
+        ``input_tokens``/``cached_tokens`` when the response's input grew (``response.append``)."""
         journal = self._journal
         if journal is None or not journal.is_open:
             return
         try:
-            journal.append_mark(MarkEntry(response_id, output_tokens, reasoning_tokens, time.time()))
+            journal.append_mark(
+                MarkEntry(response_id, output_tokens, reasoning_tokens, time.time(), input_tokens, cached_tokens)
+            )
         except Exception:
             logger.exception("could not journal a progress mark of %s", response_id)
 

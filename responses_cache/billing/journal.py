@@ -81,13 +81,17 @@ class OpenEntry(msgspec.Struct, tag="open", tag_field="t", frozen=True, kw_only=
     previous_response_id: str | None = None
 
 
-class MarkEntry(msgspec.Struct, tag="mark", tag_field="t", frozen=True):
-    """Progress of a response: output (and reasoning) tokens generated so far, at ``at``."""
+class MarkEntry(msgspec.Struct, tag="mark", tag_field="t", frozen=True, omit_defaults=True):
+    """Progress of a response: output (and reasoning) tokens generated so far, at ``at``; and,
+    once a response makes several engine calls (``response.append``), its input so far."""
 
     id: str
     output_tokens: int
     reasoning_tokens: int
     at: float
+    #: Input (and cached) tokens of all its engine calls so far (``None``: the open entry's).
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class CloseEntry(msgspec.Struct, tag="close", tag_field="t", frozen=True):
@@ -136,14 +140,17 @@ class _Live:
 def recovered_record(entry: OpenEntry, mark: MarkEntry | None) -> UsageRecord:
     """The record of a response cut off by a crash: ``cancelled``, with its last mark's usage."""
     output = mark.output_tokens if mark is not None else 0
+    prompt, cached = entry.input_tokens, entry.cached_tokens
+    if mark is not None and mark.input_tokens is not None:
+        prompt, cached = mark.input_tokens, mark.cached_tokens or 0
     return UsageRecord(
         response_id=entry.id,
         tenant=entry.tenant,
         model=entry.model,
         route=entry.route,
         status="cancelled",
-        input_tokens=entry.input_tokens,
-        cached_tokens=min(entry.cached_tokens, entry.input_tokens),
+        input_tokens=prompt,
+        cached_tokens=min(cached, prompt),
         output_tokens=output,
         reasoning_tokens=min(mark.reasoning_tokens, output) if mark is not None else 0,
         created_at=entry.created_at,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -19,7 +20,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -50,8 +51,9 @@ from ..routing import Route
 from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
 from ..tokens.snapshot import delta
+from .append import AwaitingInput
 from .generate import Emit, OutputBuilder
-from .hooks import Flag, HookContext, HookRunner
+from .hooks import Flag, HookContext, HookRunner, Verdict
 from .interrupt import Interrupt
 from .render import RenderedPrompt, extend_with_output, render, text_chars
 from .turn import Turn
@@ -115,7 +117,15 @@ class UsageJournalWriter(Protocol):
 
     def begin(self, entry: OpenEntry) -> Awaitable[None] | None: ...
 
-    def progress(self, response_id: str, output_tokens: int, reasoning_tokens: int = 0) -> None: ...
+    def progress(
+        self,
+        response_id: str,
+        output_tokens: int,
+        reasoning_tokens: int = 0,
+        *,
+        input_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None: ...
 
     def end(self, record: UsageRecord) -> Awaitable[None] | None: ...
 
@@ -216,6 +226,13 @@ class Pipeline:
         finish: Finish | None = None
         generation: GenerationRequest | None = None
         opened: AsyncGenerator[BackendEvent, None] | None = None
+        # A response kept open by ``response.append`` makes several engine calls: what the finished
+        # ones used (prompt, cached, output tokens), where the current one's output starts, and
+        # the items after the input so far (output and appended tool outputs, in order).
+        spent = (0, 0, 0)
+        output_start = round_start = 0
+        context_now = input_context
+        earlier: list[Item] = []
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
             if isinstance(route.backend, PreflightBackend):
@@ -235,9 +252,52 @@ class Pipeline:
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
-                    route, generation, out, ctx, items, parent, turn.response_id, turn.interrupt, stream
+                    route, generation, out, ctx, items, parent.hook_state if parent else {}, history,
+                    turn.response_id, turn.interrupt, stream,
                 )
                 engine_usage = finish.usage if finish else None
+                while turn.append is not None and finish is not None and self._may_append(turn, late_flag, finish):
+                    await out.close()
+                    calls = self._calls_since(out, round_start)
+                    if not calls:
+                        break
+                    await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
+                    appended = await turn.append.wait(calls)
+                    round_items = out.output[round_start:]
+                    before_append = context_now.extend(round_items)
+                    try:
+                        appended, hook_state = await self.hooks.run_before(ctx, appended, hook_state, history=before_append)
+                    except ResponsesError as exc:  # a blocking hook flagged the appended input:
+                        # the response ends after its calls, as if nothing had been appended.
+                        verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
+                        late_flag = Flag("append", verdict)
+                        break
+                    # The engine call that ended is spent; the next one continues the same response.
+                    used = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
+                    spent = (used.input_tokens, used.input_tokens_details.cached_tokens, used.output_tokens)
+                    engine_usage = None
+                    output_start, round_start = out.output_tokens, len(out.output)
+                    earlier += [*round_items, *appended]
+                    context_now = before_append.extend(appended)
+                    rendered = self._append_tokens(route, rendered, round_items, finish.token_ids, appended)
+                    generation = dataclasses.replace(
+                        generation,
+                        conversation=context_now,
+                        prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
+                    )
+                    if self.journal is not None:  # the input grew: a crash now bills all of it
+                        grown = self._usage(turn, route, rendered, out, None, spent, output_start)
+                        self.journal.progress(
+                            turn.response_id, out.output_tokens, out.reasoning_tokens,
+                            input_tokens=grown.input_tokens, cached_tokens=grown.input_tokens_details.cached_tokens,
+                        )
+                    # Alongside hooks go on from their own state: they see only the appended items.
+                    carried = {**(parent.hook_state if parent else {}), **alongside_state}
+                    late_flag, more_state, finish = await self._generate(
+                        route, generation, out, ctx, appended, carried, before_append, turn.response_id, turn.interrupt
+                    )
+                    alongside_state.update(more_state)
+                    engine_usage = finish.usage if finish else None
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
                 late_flag, alongside_state = await self.hooks.run_alongside(
                     ctx, items, parent.hook_state if parent else {}, history=history
@@ -260,7 +320,7 @@ class Pipeline:
             else:
                 await out.close()
         except asyncio.CancelledError:
-            self._bill(turn, route, self._usage(turn, route, rendered, out, engine_usage), "cancelled")
+            self._bill(turn, route, self._usage(turn, route, rendered, out, engine_usage, spent, output_start), "cancelled")
             self.metrics.inc("responses_cancelled_total")
             raise
         except Exception as exc:
@@ -279,26 +339,28 @@ class Pipeline:
 
         # finalize: the child state shares everything it can with its parent.
         t3 = time.perf_counter()
-        usage = self._usage(turn, route, rendered, out, engine_usage)
+        usage = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
         durable = self._bill(turn, route, usage, status)
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
-            log = extend_with_output(route.renderer, rendered.log, out.output, finish.token_ids if finish else None)
-        own_items: list[Item] = [*items, *out.output]
+            log = extend_with_output(route.renderer, rendered.log, out.output[round_start:], finish.token_ids if finish else None)
+        # After the input: the output, with the tool outputs appended into it where they came.
+        after_input: list[Item] = [*earlier, *out.output[round_start:]]
+        own_items: list[Item] = [*items, *after_input]
         state = ResponseState(
             response=final,
             tenant=turn.tenant,
             lane=turn.lane,
-            conversation=input_context.extend(out.output),
+            conversation=context_now.extend(out.output[round_start:]),
             instructions=request.instructions,
             tools=turn.tools,
             fingerprint=rendered.fingerprint if rendered else None,
             token_log=log,
             route=route,
-            open_calls=open_calls_after(open_calls, out.output),
+            open_calls=open_calls_after(open_calls, after_input),
             hook_state={**hook_state, **alongside_state},
             conversation_key=turn.conversation_key,
             total_bytes=(parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items),
@@ -317,15 +379,18 @@ class Pipeline:
                 if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
                     since = parent.token_log.num_items
                 snapshot = delta(log, since)
+            # A response that took appends is stored with them in its output, where they came, so
+            # that a continuation hydrated from the store sees the conversation the model saw.
+            stored = msgspec.structs.replace(final, output=after_input) if round_start else final
             try:
                 await self.store.put(
-                    StoredResponse(turn.tenant, final, stored_input, request.instructions, turn.tools.raw, snapshot)
+                    StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
                 )
             except Exception:  # the response is complete and billed: finish it, unstored
                 logger.exception("could not store %s", turn.response_id)
                 self.metrics.inc("store_errors_total", {"transport": turn.transport})
             else:
-                self.stored_items.add(turn.tenant, (*stored_input, *out.output), final.id)
+                self.stored_items.add(turn.tenant, (*stored_input, *after_input), final.id)
         timings["finalize"] = time.perf_counter() - t3
         terminal: ev.Event
         if status == "completed":
@@ -356,6 +421,41 @@ class Pipeline:
     async def aclose(self) -> None:
         """:meth:`close`, as the owning service's lifecycle calls it."""
         self.close()
+
+    @staticmethod
+    def _may_append(turn: Turn, late_flag: Flag | None, finish: Finish) -> bool:
+        """May a response that opted in to ``response.append`` wait for input now (its engine call
+        ended normally: not flagged, cut by length, or steered)?"""
+        if late_flag is not None or finish.reason in ("length", "content_filter"):
+            return False
+        return turn.interrupt is None or not turn.interrupt.taken
+
+    @staticmethod
+    def _calls_since(out: OutputBuilder, start: int) -> tuple[str, ...]:
+        """The function calls the output made since ``start`` (none when it called a custom tool,
+        whose output cannot be appended: the response then ends as usual)."""
+        produced = out.output[start:]
+        if any(isinstance(i, CustomToolCall) for i in produced):
+            return ()
+        return tuple(i.call_id for i in produced if isinstance(i, FunctionCall))
+
+    @staticmethod
+    def _append_tokens(
+        route: Route, rendered: RenderedPrompt | None, output: list[WireItem], sampled: Sequence[int] | None, appended: list[Item]
+    ) -> RenderedPrompt | None:
+        """The next engine call's prompt: the last one's, plus what it sampled, plus the appended
+        tool outputs (appended to the token log, never re-rendered)."""
+        if rendered is None or route.renderer is None:
+            return None
+        with_output = extend_with_output(route.renderer, rendered.log, output, sampled)
+        log = route.renderer.extend(with_output, appended)
+        if log.num_tokens > route.context_window:
+            raise BackendError(
+                f"This model's maximum context length is {route.context_window} tokens; the appended input "
+                f"made the response's context {log.num_tokens} tokens.",
+                code="context_length_exceeded",
+            )
+        return RenderedPrompt(log, rendered.fingerprint, log.common_prefix(with_output), True)
 
     @staticmethod
     def _render_size(parent: ResponseState | None, items: list[Item]) -> int:
@@ -399,21 +499,19 @@ class Pipeline:
         out: OutputBuilder,
         ctx: HookContext,
         items: list[Item],
-        parent: ResponseState | None,
+        carried: Mapping[str, Any],
+        history: Conversation | None,
         response_id: str,
         interrupt: Interrupt | None = None,
         opened: AsyncGenerator[BackendEvent, None] | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
-        """Stream the backend; alongside hooks run concurrently and a flag stops generation, as
-        does steering (``interrupt``) at the next safe boundary."""
+        """Stream the backend; alongside hooks run concurrently (on ``items``, with the ``carried``
+        hook states, ``history`` before them) and a flag stops generation, as does steering
+        (``interrupt``) at the next safe boundary."""
         hooks = self.hooks
         watcher: asyncio.Task[tuple[Flag | None, dict[str, Any]]] | None = None
         if hooks.alongside:
-            watcher = asyncio.ensure_future(
-                hooks.run_alongside(
-                    ctx, items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
-                )
-            )
+            watcher = asyncio.ensure_future(hooks.run_alongside(ctx, items, carried, history=history))
         finish: Finish | None = None
         states: dict[str, Any] = {}
         journal = self.journal
@@ -492,10 +590,18 @@ class Pipeline:
 
     @staticmethod
     def _usage(
-        turn: Turn, route: Route, rendered: RenderedPrompt | None, out: OutputBuilder, engine: EngineUsage | None
+        turn: Turn,
+        route: Route,
+        rendered: RenderedPrompt | None,
+        out: OutputBuilder,
+        engine: EngineUsage | None,
+        spent: tuple[int, int, int] = (0, 0, 0),
+        output_start: int = 0,
     ) -> Usage:
         """``input_tokens`` is the prompt the engine saw (log + generation prompt); ``cached_tokens``
-        the prefix reused from the cached log. A warm-up runs no model and uses nothing."""
+        the prefix reused from the cached log. A warm-up runs no model and uses nothing. A response
+        kept open by ``response.append`` adds its earlier engine calls (``spent``: prompt, cached
+        and output tokens) to the current one's, whose output starts at ``output_start``."""
         if not turn.request.generate:
             return Usage.of(0, 0, 0)
         if rendered is not None and route.renderer is not None:
@@ -503,10 +609,10 @@ class Pipeline:
         else:
             prompt = (engine.prompt_tokens or 0) if engine else 0
             cached = min((engine.cached_tokens or 0) if engine else 0, prompt)
-        output = out.output_tokens
+        output = out.output_tokens - output_start
         if engine is not None and engine.output_tokens is not None:
             output = engine.output_tokens
-        return Usage.of(prompt, cached, output, out.reasoning_tokens)
+        return Usage.of(prompt + spent[0], cached + spent[1], output + spent[2], out.reasoning_tokens)
 
     def _response(
         self,

@@ -8,6 +8,7 @@ from typing import Literal
 from ..protocol.items import Item
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
+from .append import AppendChannel
 from .interrupt import Interrupt
 
 Transport = Literal["http", "websocket"]
@@ -36,6 +37,8 @@ class Turn:
     delegated_parent: str | None = None
     #: Raised by the WebSocket session when steering input waits for this response.
     interrupt: Interrupt | None = None
+    #: Set by the WebSocket session for a response that opted in to ``response.append``.
+    append: AppendChannel | None = None
 
     @property
     def model(self) -> str:

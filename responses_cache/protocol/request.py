@@ -71,6 +71,8 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     type: Literal["response.create"] | None = None
     stream_id: str | None = None
     generate: bool = True
+    #: Keep the response open across function calls for ``response.append`` (an opt-in extension).
+    append: bool = False
     client_metadata: dict[str, str] | None = None
 
 
@@ -199,7 +201,7 @@ def _with_type(element: msgspec.Raw | bytes, tag: bytes = b"message") -> bytes:
 
 
 #: Fields that are not request options: the input and tools (carried parsed) and WebSocket framing.
-_NOT_FORWARDED = frozenset({"input", "tools", "type", "stream_id", "generate"})
+_NOT_FORWARDED = frozenset({"input", "tools", "type", "stream_id", "generate", "append"})
 _DEFAULTS = CreateResponse()
 
 
