@@ -53,9 +53,12 @@ class TurnCache(Protocol):
         superseded responses are kept for a grace period; ``None`` when it is not there."""
         ...
 
-    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+    def full_input_match(
+        self, items: list[Item], tools_fingerprint: bytes, renderer: Renderer | None
+    ) -> tuple[ResponseState, int] | None:
         """For a request without ``previous_response_id``: the cached state its input continues and
-        how many of its leading items that state already holds."""
+        how many of its leading items that state already holds (its token log cut there by the
+        route's ``renderer``)."""
         ...
 
 
@@ -177,7 +180,7 @@ class ResponsesService:
         await self.resolve_references(turn, parent, cache.items if cache is not None else None)
         if wanted is None and cache is not None:
             metrics.inc("full_sends_total", labels)
-            match = cache.full_input_match(turn.items, turn.tools.fingerprint)
+            match = cache.full_input_match(turn.items, turn.tools.fingerprint, route.renderer)
             if match is not None:
                 parent, reused = match
                 turn.items = turn.items[reused:]

@@ -13,7 +13,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -34,6 +34,9 @@ from .references import ItemIndex
 from .state import ResponseState, rebased
 from .steering import SUCCESSOR_FAILED, Steer, Steering
 from .tokens.key import reusable_prefix
+
+if TYPE_CHECKING:
+    from .tokens.base import Renderer
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _IGNORED = frozenset({"response.processed"})
@@ -175,8 +178,10 @@ class TurnView:
         state = self.session.resolve(self.pending, self.now)
         return None if state is None else (state, self.session.cache.grace_hits > grace_hits)
 
-    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
-        return self.session.match_full_input(self.pending, items, tools_fingerprint)
+    def full_input_match(
+        self, items: list[Item], tools_fingerprint: bytes, renderer: Renderer | None
+    ) -> tuple[ResponseState, int] | None:
+        return self.session.match_full_input(self.pending, items, tools_fingerprint, renderer)
 
 
 class ConnectionCache:
@@ -482,7 +487,9 @@ class Session:
         """This connection's cache as ``pending`` sees it (what the service resolves parents in)."""
         return TurnView(self, pending, now)
 
-    def match_full_input(self, pending: PendingTurn, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+    def match_full_input(
+        self, pending: PendingTurn, items: list[Item], tools_fingerprint: bytes, renderer: Renderer | None
+    ) -> tuple[ResponseState, int] | None:
         """For a request without ``previous_response_id`` (same instructions and tools as the lane's
         latest response): the parent to run it from and how many leading input items it covers.
 
@@ -500,7 +507,7 @@ class Session:
         count, identical = reusable_prefix(state.conversation.items(), items, state.token_log)
         if count == 0:
             return None
-        return rebased(state, items, count, identical), count
+        return rebased(state, items, count, identical, renderer), count
 
     def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
         """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed

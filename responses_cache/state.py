@@ -25,6 +25,7 @@ from .protocol.tools import ToolSet
 
 if TYPE_CHECKING:
     from .routing import Route
+    from .tokens.base import Renderer
     from .tokens.log import TokenLog
 
 
@@ -69,7 +70,9 @@ def open_calls_after(previous: Mapping[str, str], items: Sequence[Item]) -> dict
     return calls
 
 
-def rebased(state: ResponseState, items: Sequence[Item], count: int, identical: int) -> ResponseState:
+def rebased(
+    state: ResponseState, items: Sequence[Item], count: int, identical: int, renderer: Renderer | None
+) -> ResponseState:
     """``state`` cut to its first ``count`` items and holding the client's ``items[:count]``.
 
     The caller has checked that ``items[:count]`` render exactly like the cached items (equal
@@ -89,7 +92,8 @@ def rebased(state: ResponseState, items: Sequence[Item], count: int, identical: 
     whole = count == state.conversation.count
     log = state.token_log
     if log is not None and not whole:
-        log = log.rewind(count)
+        # Cut by the route's renderer; without one the cached log cannot be reused (full render).
+        log = _rewound(log, count, renderer)
     return dataclasses.replace(
         state,
         conversation=conversation,
@@ -99,3 +103,14 @@ def rebased(state: ResponseState, items: Sequence[Item], count: int, identical: 
         hook_state={},
         total_bytes=state.total_bytes if whole else sum(len(encode(i)) for i in items[:count]),
     )
+
+
+def _rewound(log: TokenLog, count: int, renderer: Renderer | None) -> TokenLog | None:
+    """``log`` cut to ``count`` items by the route's renderer; ``None`` (a full render follows)
+    without one, or when the log was rendered with other options."""
+    if renderer is None:
+        return None
+    try:
+        return renderer.rewind(log, count)
+    except ValueError:
+        return None

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -41,6 +41,9 @@ from .runtime import DEFAULT_MAX_MESSAGE_BYTES, Service
 from .service import ResponsesService
 from .state import ResponseState
 from .tokens.key import render_key
+
+if TYPE_CHECKING:
+    from .tokens.base import Renderer
 
 
 class RecordingBackend:
@@ -260,7 +263,9 @@ class _LastAccepted:
     def cached_parent(self) -> tuple[ResponseState, bool] | None:
         return (self.state, False) if self.state is not None else None
 
-    def full_input_match(self, items: list[Item], tools_fingerprint: bytes) -> tuple[ResponseState, int] | None:
+    def full_input_match(
+        self, items: list[Item], tools_fingerprint: bytes, renderer: Renderer | None
+    ) -> tuple[ResponseState, int] | None:
         return None
 
 

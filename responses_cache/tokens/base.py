@@ -50,6 +50,7 @@ from .log import (
     LogContext,
     Node,
     TokenLog,
+    ancestor,
     find_call,
     relayout,
 )
@@ -115,6 +116,8 @@ class Renderer(Protocol):
     ) -> TokenLog: ...
 
     def prompt(self, log: TokenLog) -> array[int]: ...
+
+    def rewind(self, log: TokenLog, item_index: int) -> TokenLog: ...
 
     def render_full(
         self, instructions: str | None, tools: ToolSet, items: Sequence[Item]
@@ -304,8 +307,19 @@ class BaseRenderer(ABC):
         """A log holding only the header (system/developer prefix)."""
         seg = self._render_header(instructions or None, tools)
         self._stats.tokens_encoded += len(seg)
-        ctx = LogContext(self, self._key, self.fingerprint(instructions, tools))
+        ctx = LogContext(self.name, self._key, self.fingerprint(instructions, tools))
         return TokenLog(Node(None, ctx, seg, 0, NO_FACTS, 0))
+
+    def rewind(self, log: TokenLog, item_index: int) -> TokenLog:
+        """The log of the first ``item_index`` items of ``log`` (0: header only), sharing its
+        storage. Costs O(items dropped); if the template's rewriting rule differs for the shorter
+        conversation (harmony), the affected nodes are relinked without re-tokenizing."""
+        if log._node.ctx.key != self._key:
+            raise ValueError(f"this log was rendered by {log._node.ctx.name} with other options")
+        if not 0 <= item_index <= log.num_items:
+            raise IndexError(f"cannot rewind a log of {log.num_items} items to {item_index}")
+        node = ancestor(log._node, item_index - 1)
+        return TokenLog(relayout(node, self.hidden_before(node.facts), self._stats))
 
     def extend(
         self, log: TokenLog, items: Sequence[Item], *, sampled: Sequence[int] | None = None
@@ -325,7 +339,7 @@ class BaseRenderer(ABC):
         node = log._node
         if node.ctx.key != self._key:
             raise ValueError(
-                f"this log was rendered by {node.ctx.renderer.name} with other options; "
+                f"this log was rendered by {node.ctx.name} with other options; "
                 f"{self.name} cannot extend it"
             )
         if not items:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .base import BaseRenderer, RenderStats
+    from .base import RenderStats
 
 #: Item flags (what the item is, for history-rewriting rules).
 ANALYSIS = 1  # an assistant reasoning / ``analysis`` message
@@ -60,7 +60,7 @@ NO_FACTS = Facts(-1, -1, False)
 class LogContext:
     """Shared by every node of one log family: who rendered it and for which header."""
 
-    renderer: BaseRenderer
+    name: str  # the renderer's name (for messages)
     key: bytes  # the renderer's configuration key (template, encoding, options)
     fingerprint: bytes  # renderer.fingerprint(instructions, tools) of the header
 
@@ -141,7 +141,7 @@ def find_call(node: Node, call_id: str) -> str | None:
     return None
 
 
-def relayout(node: Node, hidden_before: int, stats: RenderStats | None = None) -> Node:
+def relayout(node: Node, hidden_before: int, stats: RenderStats) -> Node:
     """``node``'s chain with analysis items below ``hidden_before`` hidden (relinks if needed).
 
     Only the nodes from the first item whose visibility changes onward are recreated; their token
@@ -172,8 +172,6 @@ def relayout(node: Node, hidden_before: int, stats: RenderStats | None = None) -
             cur = chain.pop()
         if not chain:
             return node
-    if stats is None:
-        stats = node.ctx.renderer.stats
     stats.rewinds += 1
     stats.items_relinked += len(chain)
     for old_node in reversed(chain):
@@ -256,7 +254,7 @@ class TokenLog:
     @property
     def renderer_name(self) -> str:
         """Name of the renderer that produced this log."""
-        return self._node.ctx.renderer.name
+        return self._node.ctx.name
 
     def tokens(self) -> array[int]:
         """All tokens of the log as one new ``array('I')`` (O(total) copy)."""
@@ -326,19 +324,6 @@ class TokenLog:
         xs = [n.seg for n in reversed(tail_a) if n.visible and n.seg]
         ys = [n.seg for n in reversed(tail_b) if n.visible and n.seg]
         return base + _matching(xs, ys)
-
-    def rewind(self, item_index: int) -> TokenLog:
-        """The log of the first ``item_index`` items (0: header only), sharing this one's storage.
-
-        Costs O(items dropped); if the template's rewriting rule differs for the shorter
-        conversation (harmony), the affected nodes are relinked without re-tokenizing.
-        """
-        if not 0 <= item_index <= self.num_items:
-            raise IndexError(f"cannot rewind a log of {self.num_items} items to {item_index}")
-        node = ancestor(self._node, item_index - 1)
-        renderer = node.ctx.renderer
-        node = relayout(node, renderer.hidden_before(node.facts))
-        return TokenLog(node)
 
     def __len__(self) -> int:
         return self._node.total

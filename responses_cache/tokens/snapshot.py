@@ -117,7 +117,7 @@ def restore(renderer: Renderer, fingerprint: bytes, deltas: Sequence[LogDelta | 
     # A template's history rule depends only on the facts at the tip: building every node under
     # the tip's rule gives the same visible tokens the original log had after its relinks.
     hidden = renderer.hidden_before(facts)
-    ctx = LogContext(renderer, renderer.key, fingerprint)
+    ctx = LogContext(renderer.name, renderer.key, fingerprint)
     node = Node(None, ctx, _unpack(root.header), 0, NO_FACTS, 0)
     for s in segments:
         node = Node(node, ctx, _unpack(s.tokens), s.flags, Facts(*s.facts), hidden, s.call_id, s.call_target)

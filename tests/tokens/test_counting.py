@@ -114,12 +114,12 @@ def test_rewind_is_cheap_and_exact(renderer: BaseRenderer) -> None:
     r = renderer
     items = agent_history(10)
     log = r.render_full(None, EMPTY_TOOLS, items)
-    _, d = delta(r, lambda: log.rewind(len(items) - 3))
+    _, d = delta(r, lambda: r.rewind(log, len(items) - 3))
     assert d["tokens_encoded"] == 0
-    assert log.rewind(len(items) - 3).tokens() == r.render_full(None, EMPTY_TOOLS, items[:-3]).tokens()
-    assert log.rewind(0).num_tokens == r.begin(None, EMPTY_TOOLS).num_tokens
+    assert r.rewind(log, len(items) - 3).tokens() == r.render_full(None, EMPTY_TOOLS, items[:-3]).tokens()
+    assert r.rewind(log, 0).num_tokens == r.begin(None, EMPTY_TOOLS).num_tokens
     with pytest.raises(IndexError):
-        log.rewind(len(items) + 1)
+        r.rewind(log, len(items) + 1)
 
 
 def test_harmony_rewrite_relinks_without_encoding() -> None:

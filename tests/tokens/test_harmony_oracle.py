@@ -247,7 +247,7 @@ def test_resends_forks_and_hydration_match_openai_harmony(harmony_oracle: Any, h
     sent = [*data.draw(resent(items)), *data.draw(items_(max_size=3))]
     session = _cached(r, instr, tools, items, log)
     pending = PendingTurn(decode_create(msgspec.json.encode({"type": "response.create", "model": "m", "instructions": instr})), None, 1)
-    match = session.match_full_input(pending, sent, tools.fingerprint)
+    match = session.match_full_input(pending, sent, tools.fingerprint, r)
     if match is None:
         got = r.render_full(instr, tools, sent)
     else:
@@ -257,7 +257,7 @@ def test_resends_forks_and_hydration_match_openai_harmony(harmony_oracle: Any, h
     assert list(r.prompt(got)) == oracle_prompt(harmony_oracle, r, instr, tools, sent)
     # forks: two continuations of one cached prefix
     at = data.draw(st.integers(0, len(items)))
-    base = log.rewind(at)
+    base = r.rewind(log, at)
     for _ in range(2):
         more = data.draw(items_(max_size=3))
         assert list(r.prompt(r.extend(base, more))) == oracle_prompt(harmony_oracle, r, instr, tools, [*items[:at], *more])

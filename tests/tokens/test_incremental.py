@@ -78,7 +78,7 @@ def test_forks_and_rewinds(renderer: BaseRenderer, data: st.DataObject) -> None:
 
     whole = prefix + cont_a
     k = data.draw(st.integers(0, len(whole)))
-    back = a.rewind(k)
+    back = r.rewind(a, k)
     assert_same(r, back, full(r, instr, tools, whole[:k]))
     again = r.extend(back, whole[k:])
     assert_same(r, again, a)

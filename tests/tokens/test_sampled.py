@@ -165,4 +165,4 @@ def test_an_unsplittable_turn_hides_what_a_full_render_hides() -> None:
     assert [log.item_hidden(i) for i in range(6)] == [full.item_hidden(i) for i in range(6)]
     assert not log.item_hidden(4) and "later thoughts" in r.decode(r.prompt(log))
     # rewinding to the block's start drops it whole; a continuation from there renders afresh
-    assert r.prompt(r.extend(log.rewind(1), turn)) == r.prompt(r.render_full(None, EMPTY_TOOLS, [*head, *turn]))
+    assert r.prompt(r.extend(r.rewind(log, 1), turn)) == r.prompt(r.render_full(None, EMPTY_TOOLS, [*head, *turn]))

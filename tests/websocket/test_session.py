@@ -430,18 +430,18 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
     turn = PendingTurn(decode_create(create(stream_id="a", instructions="be brief")), "a", 99)
 
     def match(items: list[Any], fingerprint: bytes = tools.fingerprint, t: PendingTurn = turn) -> tuple[list[Any], int] | None:
-        found = s.match_full_input(t, items, fingerprint)
+        found = s.match_full_input(t, items, fingerprint, None)
         return None if found is None else (found[0].conversation.items(), found[1])
 
     # render-equal items match; the parent then holds the client's items, not the cached shapes
     assert match(resent) == (resent[:4], 4)
     assert match(resent[:4]) == (resent[:4], 4)
     # the very same items: the cached state itself is the parent (shared, hooks' state kept)
-    assert s.match_full_input(turn, [*history, resent[4]], tools.fingerprint) == (cached, 4)
+    assert s.match_full_input(turn, [*history, resent[4]], tools.fingerprint, None) == (cached, 4)
     assert match(resent[:3]) == (resent[:3], 3)  # shorter than the cache: cut there
     changed = [*resent[:2], FunctionCallOutput(call_id="c1", output="other"), *resent[3:]]
     assert match(changed) == (resent[:2], 2)  # the match stops where the items differ
-    found = s.match_full_input(turn, changed, tools.fingerprint)
+    found = s.match_full_input(turn, changed, tools.fingerprint, None)
     assert found is not None and found[0].open_calls == {"c1": "run"} and found[0].hook_state == {}
     phased = [*resent[:3], Message(role="assistant", content=[OutputText(text="ok")], phase="commentary")]
     assert match(phased) == (resent[:3], 3)  # phase is rendered
@@ -449,7 +449,7 @@ def test_full_input_matches_the_lanes_cached_conversation() -> None:
     assert match(split) is None  # part boundaries are rendered: nothing to reuse
     # after a turn from the rebased parent, the cache holds the client's shapes: the next resend of
     # the same prefix is identical again (no render keys built for it)
-    found = s.match_full_input(turn, resent, tools.fingerprint)
+    found = s.match_full_input(turn, resent, tools.fingerprint, None)
     assert found is not None
     answer = Message(role="assistant", content=[OutputText(text="sure")], id="msg_2", status="completed")
     child = dataclasses.replace(found[0], conversation=found[0].conversation.extend([resent[4], answer]))
