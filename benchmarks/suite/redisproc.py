@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from .server import stop_process
+
 
 def redis_server_binary() -> str:
     """Path of a ``redis-server`` (or ``valkey-server``) binary; ``RuntimeError`` if none."""
@@ -82,12 +84,7 @@ class RedisProcess:
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

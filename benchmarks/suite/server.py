@@ -22,6 +22,18 @@ _ROOT = Path(__file__).resolve().parents[2]
 _CHILD = "import sys; from benchmarks.suite.runner import main; sys.exit(main(sys.argv[1:]))"
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Ask a child process to exit (SIGTERM), and kill it if it has not within ``timeout``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _forward(stream: IO[str]) -> None:
     """Copy the server's stdout to our stderr (a full pipe would block the server)."""
     with contextlib.suppress(ValueError, OSError):
@@ -82,15 +94,8 @@ class ServerProcess:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc)
 
     def rss(self) -> int:
         return rss_bytes(self.pid)

@@ -26,6 +26,8 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
+from benchmarks.suite.server import stop_process
+
 SCRIPT = Path(__file__).with_name("recording_serve.py")
 ALICE, BOB = "sk-alice", "sk-bob"
 MODEL = "sim-1"
@@ -84,18 +86,13 @@ def pair(tmp_path: Path, redis_url: str) -> Iterator[tuple[Process, Process]]:
     try:
         b = _start(tmp_path, "b", redis_url)
     except BaseException:
-        a.proc.terminate()
+        stop_process(a.proc)
         raise
     try:
         yield a, b
     finally:
         for p in (a, b):
-            p.proc.terminate()
-            try:
-                p.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                p.proc.kill()
-                p.proc.wait()
+            stop_process(p.proc, 15)
 
 
 def _auth(key: str) -> dict[str, str]:
