@@ -18,6 +18,7 @@ wait for what the backend saw with :func:`until`.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -39,6 +40,7 @@ from responses_cache.protocol.items import (
     Item,
     Message,
 )
+from responses_cache.protocol.request import decode_input
 from responses_cache.tokens.key import render_key
 
 
@@ -167,6 +169,16 @@ def _split(text: str) -> list[str]:
 
 # What the model sees of an item: the package's own definition (equal keys render the same).
 identity = render_key
+
+
+def expected(*inputs: Any) -> list[tuple[Any, ...]]:
+    """The identities of request inputs and response outputs, as the backend should see them."""
+    out: list[tuple[Any, ...]] = []
+    for value in inputs:
+        if isinstance(value, dict) and value.get("object") == "response":
+            value = value["output"]
+        out.extend(identity(i) for i in decode_input(json.dumps(value).encode()))
+    return out
 
 
 def user_key(text: str) -> tuple[Any, ...]:

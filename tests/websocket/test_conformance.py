@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from backends import RecordingBackend, identity, until, user_key
+from backends import RecordingBackend, expected, until, user_key
 from websockets.exceptions import InvalidStatus
 from wsclient import (
     MODEL,
@@ -32,7 +32,6 @@ from wsclient import (
     ws_connect,
 )
 
-from responses_cache.protocol.request import decode_input
 from responses_cache.session import SessionConfig
 from responses_cache.websocket import WebSocketMode
 
@@ -46,15 +45,6 @@ def mode_of(server: Any) -> WebSocketMode:
         app = app.app
     return app
 
-
-def expected(*inputs: Any) -> list[tuple[Any, ...]]:
-    """The identities of request inputs and response outputs, as the backend should see them."""
-    out: list[tuple[Any, ...]] = []
-    for value in inputs:
-        if isinstance(value, dict) and value.get("object") == "response":
-            value = value["output"]
-        out.extend(identity(i) for i in decode_input(json.dumps(value).encode()))
-    return out
 
 
 def not_found(event: dict[str, Any], rid: str, lane: str | None = None) -> None:

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from backends import RecordingBackend, identity, until, user_key
+from backends import RecordingBackend, expected, until, user_key
 from wsclient import RENDERER, WS, check_stream, function_tool, split_responses, ws_connect
 
 from responses_cache import Biller
@@ -22,14 +22,6 @@ STEER_ID = re.compile(r"steer_[0-9a-f]{32}")
 LONG = "one two three four five six seven eight nine ten"
 TOOLS = [function_tool()]
 
-
-def expected(*inputs: Any) -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = []
-    for value in inputs:
-        if isinstance(value, dict) and value.get("object") == "response":
-            value = value["output"]
-        out.extend(identity(i) for i in decode_input(json.dumps(value).encode()))
-    return out
 
 
 def steer(target: str, value: Any, **extra: Any) -> dict[str, Any]:
