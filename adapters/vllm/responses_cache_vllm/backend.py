@@ -25,6 +25,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,13 +50,30 @@ from responses_cache.engines import (
     IncrementalDecoder,
     finish_error,
     http_error,
+    message_of,
 )
 
 from .dialects import DIALECTS, PREFERENCE, Dialect, Params
 from .placement import Replicas, data_parallel_rank
 
+logger = logging.getLogger("responses_cache.vllm")
+
 _FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter"}
+#: Statuses that say the tokens-in route is not served: missing (404/405) or disabled (403).
+_NOT_SERVED = frozenset({403, 404, 405})
+_ENABLE_HINT = {
+    "vllm": "To use vLLM's tokens-in route (/inference/v1/generate), start vllm serve with --enable-scale-out",
+    "sglang": "SGLang serves /generate on every server: check the URL",
+}
 _PROBE_TEXT = " Grüße, 世界 🚀 x=42;\n\t"
+
+
+class _RouteDisabled(Exception):
+    """The tokens-in route refused the request (vLLM without ``--enable-scale-out``)."""
+
+    def __init__(self, where: str, error: BackendError) -> None:
+        super().__init__(f"{where}: {error}")
+        self.error = error
 
 
 class HandshakeError(RuntimeError):
@@ -154,18 +172,34 @@ class EngineBackend:
 
     async def _detect(self) -> Dialect:
         names = PREFERENCE[self.engine]
-        if self.endpoint != "auto":
-            return DIALECTS[f"{self.engine}-{self.endpoint}"]
-        preferred = DIALECTS[names[0]]
+        preferred, fallback = DIALECTS[names[0]], DIALECTS[names[1]]
+        if self.endpoint == "completions":
+            return fallback
         for url in self.replicas.urls:
             try:
-                # An empty body: the route answers 400/422 when it exists, 404/405 when not.
+                # An empty body: an enabled route answers 400/422; a missing one 404/405; vLLM
+                # 0.32+ answers 403 when the tokens-in route is disabled (no --enable-scale-out).
                 response = await self._client.post(url + preferred.path, json={})
             except httpx.TransportError:
                 self.replicas.mark_down(url)
                 continue
-            return preferred if response.status_code not in (404, 405) else DIALECTS[names[1]]
+            if response.status_code == 401:
+                raise RuntimeError(f"{url} refused the API key ({_message(response)}): set backend_options.api_key")
+            if response.status_code not in _NOT_SERVED:
+                return preferred
+            refusal = f"{url}{preferred.path} answered HTTP {response.status_code}: {_message(response)}"
+            if self.endpoint == "generate":
+                raise RuntimeError(f"{refusal}. {_ENABLE_HINT[self.engine]}, or set endpoint = \"auto\"")
+            self._fall_back(refusal)
+            return fallback
         raise RuntimeError(f"no {self.engine} replica is reachable at start ({', '.join(self.replicas.urls)})")
+
+    def _fall_back(self, refusal: str) -> None:
+        """Log why the tokens-in route is not used: the completions route costs detokenization."""
+        logger.warning(
+            "%s; using /v1/completions instead (same token ids, plus text the engine detokenizes). %s.",
+            refusal.rstrip(". "), _ENABLE_HINT[self.engine],
+        )
 
     async def _read_context_window(self) -> int:
         for url in self.replicas.ranked(""):
@@ -335,20 +369,18 @@ class EngineBackend:
         for event in parser.feed(prefill_text):
             calls += isinstance(event, ToolCallStart)
             yield event
-        unavailable: list[str] = []
-        for url in self.replicas.ranked(request.affinity_key):
-            try:
-                async for event in self._attempt(url, dialect, body, headers, renderer, parser, outcome, request, calls):
-                    yield event
-            except EngineUnavailable as exc:
-                self.replicas.mark_down(url)
-                unavailable.append(f"{url}: {exc}")
-                continue
-            break
-        else:
-            raise BackendError(
-                f"no {self.engine} replica could take the request ({'; '.join(unavailable)})", "server_error"
-            )
+        try:
+            async for event in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+                yield event
+        except _RouteDisabled as exc:
+            if self.endpoint != "auto":
+                raise exc.error from None
+            # The engine was restarted without the tokens-in route: nothing was streamed yet.
+            self._fall_back(str(exc))
+            self.dialect = dialect = DIALECTS[PREFERENCE[self.engine][1]]
+            body = dialect.body(params)
+            async for event in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+                yield event
         if outcome.truncated:
             yield Finish(reason="stop", usage=self._usage(outcome, prefill), token_ids=None)
             return
@@ -363,6 +395,33 @@ class EngineBackend:
         ):
             sampled.append(outcome.matched_stop)  # an engine that trims the stop id
         yield Finish(reason=reason, usage=self._usage(outcome, prefill), token_ids=sampled or None)  # type: ignore[arg-type]
+
+    async def _on_replicas(
+        self,
+        dialect: Dialect,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        renderer: Any,
+        parser: Any,
+        outcome: _Outcome,
+        request: GenerationRequest,
+        calls: int,
+    ) -> AsyncIterator[BackendEvent]:
+        """The request on the conversation's replica, failing over to the next ones while none
+        has streamed anything."""
+        unavailable: list[str] = []
+        for url in self.replicas.ranked(request.affinity_key):
+            try:
+                async for event in self._attempt(url, dialect, body, headers, renderer, parser, outcome, request, calls):
+                    yield event
+            except EngineUnavailable as exc:
+                self.replicas.mark_down(url)
+                unavailable.append(f"{url}: {exc}")
+                continue
+            return
+        raise BackendError(
+            f"no {self.engine} replica could take the request ({'; '.join(unavailable)})", "server_error"
+        )
 
     async def _attempt(
         self,
@@ -386,6 +445,8 @@ class EngineBackend:
                     error = http_error(response.status_code, await response.aread(), response.headers)
                     if response.status_code in RETRYABLE_STATUS:
                         raise EngineUnavailable(error)
+                    if response.status_code == 403 and dialect.path == DIALECTS[PREFERENCE[self.engine][0]].path:
+                        raise _RouteDisabled(f"{url}{dialect.path} refused the request", error)
                     raise error
                 self.replicas.mark_up(url)
                 reader = dialect.reader()
@@ -441,6 +502,13 @@ class EngineBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return message_of(response.json())
+    except ValueError:
+        return response.text[:200]
 
 
 #: The name used before SGLang's tokens-in route and fail-over were added.

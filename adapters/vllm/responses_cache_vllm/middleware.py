@@ -6,9 +6,11 @@
 vLLM passes a middleware class to ``app.add_middleware(cls)`` with no arguments, so
 :class:`ResponsesCacheMiddleware` is a pure ASGI class (``__init__(self, app)``) configured from
 environment variables. It answers WebSocket connections on ``/v1/responses`` itself (keeping the
-connection's token log) and generates through vLLM's own ``POST /inference/v1/generate``,
-called **in-process** through ASGI: no network hop, no re-tokenization. Everything else (vLLM's
-HTTP Responses API included, unless ``RESPONSES_CACHE_HTTP=1``) goes to vLLM untouched.
+connection's token log) and generates through vLLM's own ``POST /inference/v1/generate``
+(when vLLM runs with ``--enable-scale-out``; else ``POST /v1/completions`` with token ids, logged
+once at start), called **in-process** through ASGI: no network hop, no re-tokenization.
+Everything else (vLLM's HTTP Responses API included, unless ``RESPONSES_CACHE_HTTP=1``) goes to
+vLLM untouched.
 
 Environment:
 
@@ -17,7 +19,8 @@ Environment:
 ``RESPONSES_CACHE_TEMPLATE``    the renderer template (default ``harmony``)
 ``RESPONSES_CACHE_PATH``        the path taken over (default ``/v1/responses``)
 ``RESPONSES_CACHE_HTTP``        ``1``: also serve HTTP ``POST`` on that path (default: WebSocket only)
-``RESPONSES_CACHE_ENDPOINT``    ``generate`` (default) or ``completions``
+``RESPONSES_CACHE_ENDPOINT``    ``auto`` (default: ``generate`` when enabled), ``generate`` or
+                                ``completions``
 ``VLLM_API_KEY``                the key vLLM checks (``--api-key``); checked here too
 ==============================  ===============================================================
 """
@@ -49,10 +52,22 @@ _DRAIN_S = 5.0
 class InProcessTransport(httpx.AsyncBaseTransport):
     """An httpx transport that calls an ASGI app in this process and **streams** its answer
     (httpx's own ``ASGITransport`` collects the whole body first). Closing the response early
-    tells the app the client disconnected, as a socket close would."""
+    tells the app the client disconnected, as a socket close would.
+
+    Each request's scope carries what the host server put in the scopes it handed to the
+    middleware (:meth:`adopt`): the host application as ``scope["app"]`` (vLLM's handlers read
+    ``request.app.state``) and a copy of the lifespan ``state``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._host: dict[str, Any] = {}
+
+    def adopt(self, scope: Scope) -> None:
+        """Remember the host application and its lifespan state from a scope the server made."""
+        if "app" in scope:
+            self._host["app"] = scope["app"]
+        if "state" in scope and scope["type"] == "lifespan":
+            self._host["state"] = scope["state"]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
@@ -70,8 +85,10 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             "headers": [(k.lower(), v) for k, v in request.headers.raw],
             "client": ("127.0.0.1", 0),
             "server": (url.host, url.port or 80),
-            "state": {},
+            "state": dict(self._host.get("state") or {}),  # per request, as servers copy it
         }
+        if "app" in self._host:
+            scope["app"] = self._host["app"]
         messages: asyncio.Queue[Message | BaseException | None] = asyncio.Queue()
         disconnected = asyncio.Event()
         sent_body = False
@@ -156,19 +173,21 @@ class ResponsesCacheMiddleware:
         self.path = os.environ.get("RESPONSES_CACHE_PATH", "/v1/responses")
         self.http = os.environ.get("RESPONSES_CACHE_HTTP", "") in ("1", "true", "yes")
         api_key = os.environ.get("VLLM_API_KEY") or None
+        self.transport = InProcessTransport(app)
         self.backend = EngineBackend(
             "http://vllm.in-process",
             model=model,
             engine="vllm",
-            endpoint=os.environ.get("RESPONSES_CACHE_ENDPOINT", "generate"),
+            endpoint=os.environ.get("RESPONSES_CACHE_ENDPOINT", "auto"),
             template=template,
             api_key=api_key,  # vLLM's own check sees the key on the in-process call
             routing_headers=False,  # one process: nothing to route
-            transport=InProcessTransport(app),
+            transport=self.transport,
         )
         self.inner = create_app(backend=self.backend, renderer=template, api_keys=[api_key] if api_key else None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.transport.adopt(scope)
         kind = scope["type"]
         if scope.get("path") == self.path and (kind == "websocket" or (kind == "http" and self.http)):
             await self.inner(scope, receive, send)

@@ -109,6 +109,41 @@ def test_vllm_completions_fallback_multi_token_chunks_and_held_back_text(respons
     assert body["stop_token_ids"] == STOPS and body["return_token_ids"] is True and body["skip_special_tokens"] is False
 
 
+def test_vllm_without_scale_out_falls_back_to_completions_and_says_why(
+    responses_cache_server_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A stock `vllm serve` (0.32+): the tokens-in route answers 403 until --enable-scale-out.
+    engine = FakeVllm(ENC, [CALL, ANSWER], scale_out=False)
+    with caplog.at_level("WARNING", logger="responses_cache.vllm"):
+        first, second = _tool_loop(_serve(responses_cache_server_factory, engine))
+    _check_loop(engine, first, second, "prompt")
+    assert [r.path for r in engine.generation_requests()] == ["/v1/completions"] * 2
+    assert any("--enable-scale-out" in r.getMessage() and "403" in r.getMessage() for r in caplog.records)
+
+
+def test_vllm_restarted_without_scale_out_falls_back_mid_life(responses_cache_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [CALL, ANSWER])
+    server = _serve(responses_cache_server_factory, engine)
+    with connect(server.ws_url, max_size=None) as ws:
+        first = _turn(ws, input="What is in this directory?", store=False)
+        engine.scale_out = False  # the engine came back as a stock server
+        call = first["response"]["output"][1]
+        second = _turn(ws, store=False, previous_response_id=first["response"]["id"],
+                       input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "a.txt"}])
+    assert second["response"]["status"] == "completed", second
+    # The turn's 403 is retried on /v1/completions before anything reached the client.
+    assert [r.path for r in engine.generation_requests()] == [
+        "/inference/v1/generate", "/inference/v1/generate", "/v1/completions"]
+
+
+def test_vllm_generate_endpoint_on_a_stock_server_refuses_to_start(responses_cache_server_factory: Any) -> None:
+    engine = FakeVllm(ENC, [ANSWER], scale_out=False)
+    url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
+    backend = EngineBackend(url, model="openai/gpt-oss-20b", endpoint="generate", template="harmony")
+    with pytest.raises(RuntimeError, match="--enable-scale-out"):
+        asyncio.run(backend.start())
+
+
 def test_vllm_completions_without_ids_parses_the_engines_text(responses_cache_server_factory: Any) -> None:
     # An engine that gives no ids: the text (stop token left out, held back across chunks) is
     # parsed, and the assistant turn is rendered from the output items.

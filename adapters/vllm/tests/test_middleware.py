@@ -26,7 +26,7 @@ def _vllm_with_middleware(engine: FakeVllm, monkeypatch: pytest.MonkeyPatch, **e
     monkeypatch.setenv("RESPONSES_CACHE_MODEL", engine.model)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    app = Starlette(routes=engine.app().routes)
+    app = engine.app()
     app.add_middleware(ResponsesCacheMiddleware)  # type: ignore[arg-type]  # what vLLM's register does
     return app
 
@@ -58,6 +58,19 @@ def test_websocket_mode_inside_vllm_calls_generate_in_process(
     # Everything else is vLLM's, untouched (its own key check included).
     assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models", headers=headers).json()["data"][0]["id"] == engine.model
     assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models").status_code == 401
+
+
+def test_the_middleware_on_a_stock_vllm_generates_through_completions(
+    responses_cache_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `vllm serve --middleware …` without --enable-scale-out: the tokens-in route answers 403.
+    engine = FakeVllm(ENC, [ANSWER, ANSWER], scale_out=False)
+    server = responses_cache_server_factory(_vllm_with_middleware(engine, monkeypatch))
+    with connect(server.ws_url) as ws:
+        first = _turn(ws, input="hi", store=False)
+        second = _turn(ws, input="again", store=False, previous_response_id=first["response"]["id"])
+    assert second["type"] == "response.completed", second
+    assert [c.path for c in engine.generation_requests()] == ["/v1/completions"] * 2
 
 
 def test_the_middleware_checks_vllms_api_key(responses_cache_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
