@@ -1,7 +1,8 @@
 """WebSocket mode inside vLLM's own server::
 
     RESPONSES_CACHE_MODEL=openai/gpt-oss-20b VLLM_API_KEY=sk-... \\
-    vllm serve openai/gpt-oss-20b --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware
+    vllm serve openai/gpt-oss-20b --enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details \\
+        --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware
 
 vLLM passes a middleware class to ``app.add_middleware(cls)`` with no arguments, so
 :class:`ResponsesCacheMiddleware` is a pure ASGI class (``__init__(self, app)``) configured from

@@ -16,7 +16,7 @@ trap cleanup EXIT
 wait_up() { for _ in $(seq 1 600); do curl -sf -H "Authorization: Bearer $KEY" "$1" >/dev/null && return 0; sleep 2; done; return 1; }
 
 # 1. responses-cache in front of vLLM (tokens-in route, prompt-token details for cached counts).
-.smoke-vllm/bin/vllm serve "$MODEL" --port $ENGINE_PORT --api-key $KEY --enable-prompt-tokens-details &
+.smoke-vllm/bin/vllm serve "$MODEL" --port $ENGINE_PORT --api-key $KEY --enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details &
 pids+=($!)
 wait_up "http://127.0.0.1:$ENGINE_PORT/v1/models"
 cat > .smoke-vllm/serve.toml <<TOML
@@ -36,7 +36,7 @@ cleanup; pids=()
 
 # 2. Inside vLLM: the middleware answers WebSocket /v1/responses and calls generate in-process.
 RESPONSES_CACHE_MODEL="$MODEL" VLLM_API_KEY=$KEY .smoke-vllm/bin/vllm serve "$MODEL" --port $ENGINE_PORT \
-  --api-key $KEY --enable-prompt-tokens-details \
+  --api-key $KEY --enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details \
   --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware &
 pids+=($!)
 wait_up "http://127.0.0.1:$ENGINE_PORT/v1/models"

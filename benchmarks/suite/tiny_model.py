@@ -3,20 +3,28 @@
 Run inside the vLLM venv (it has torch and transformers), with the repository root on
 ``PYTHONPATH`` so the bundled offline vocabulary is used::
 
-    python tiny_model.py OUT_DIR [--encoding o200k_harmony] [--stop 200002,200012]
+    python tiny_model.py OUT_DIR [--encoding o200k_harmony] [--chain 173781,200005,17196,200008,13225] [--stop 200002]
 
-The weights are random except for one designed direction: every token's embedding carries a
-large constant in dimension 0, the final norm keeps only that dimension, and the LM head reads
-the next-token distribution off it. So whatever the prompt, the model samples ordinary text
-tokens and one of the ``--stop`` ids with probability ``--p-stop`` per step: answers are noise,
-but they end by themselves (``finish_reason: stop``) after a few tokens, as a real model's do.
-Everything else — the HTTP API, token ids, streaming, usage, the prefix cache, aborts — is the
-real engine's.
+The weights are random except for a few designed directions, read straight off the residual
+stream (the embedding of the current token reaches the LM head through the final norm):
+
+* every token's embedding carries a constant in dimension 0, from which the LM head reads the
+  default next-token distribution: a few thousand ordinary text tokens, one of them (``the``)
+  a little likelier than the rest, and the ``--stop`` ids with probability ``--p-stop``;
+* ``--chain a,b,c…``: after token ``a`` comes ``b``, after ``b`` comes ``c`` (dimensions 1, 2…),
+  so a generation prompt ending in ``a`` is answered in the template's own framing (harmony's
+  ``<|channel|>final<|message|>``) and a first word (``Hello``) before the noise.
+
+So with sampling (``temperature`` 1) answers are noise that ends by itself after a few tokens
+(``finish_reason: stop``), as a real model's do; greedy (``temperature`` 0) never stops before
+``max_tokens`` — what the abort, steering and kill tests need. Everything else, the HTTP API,
+token ids, streaming, usage, the prefix cache and aborts, is the real engine's.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -56,7 +64,8 @@ def write_tokenizer(encoding: Any, out: pathlib.Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-def build(out: pathlib.Path, encoding_name: str, stops: list[int], p_stop: float, context: int) -> None:
+def build(out: pathlib.Path, encoding_name: str, stops: list[int], p_stop: float, context: int,
+          chain: list[int]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,10 +74,9 @@ def build(out: pathlib.Path, encoding_name: str, stops: list[int], p_stop: float
     encoding = load_encoding(encoding_name)
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(encoding, out)
-    vocab = encoding.n_vocab
     hidden, heads = 128, 2  # head_dim 64: vLLM's CPU attention refuses smaller heads
     config = LlamaConfig(
-        vocab_size=vocab,
+        vocab_size=encoding.n_vocab,
         hidden_size=hidden,
         intermediate_size=256,
         num_hidden_layers=2,
@@ -84,41 +92,70 @@ def build(out: pathlib.Path, encoding_name: str, stops: list[int], p_stop: float
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    specials = set(encoding._special_tokens.values())
-    ordinary = [t for t in range(vocab) if t not in specials]
+    text = _text_tokens(encoding, exclude=set(chain) | set(stops), count=4096)
+    likeliest = encoding.encode(" the")[0]
     with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 8.0
-        for layer in model.model.layers:  # keep dimension 0 of the residual stream intact
-            layer.self_attn.o_proj.weight[0, :] = 0.0
-            layer.mlp.down_proj.weight[0, :] = 0.0
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        designed = 1 + len(chain)  # dimension 0, then one per chain link
+        embed[:, :designed] = 0.0
+        embed[:, 0] = 8.0
+        for layer in model.model.layers:  # attention and MLP leave the designed dimensions alone
+            layer.self_attn.o_proj.weight[:designed, :] = 0.0
+            layer.mlp.down_proj.weight[:designed, :] = 0.0
         model.model.norm.weight.zero_()
-        model.model.norm.weight[0] = 1.0
-        head = model.lm_head.weight
+        model.model.norm.weight[:designed] = 1.0
         head.zero_()
-        # After the norm, h[0] is about sqrt(hidden); logits are head[:, 0] * h[0].
+        # After the norm, h[0] is about sqrt(hidden) (dimension 0 dominates the RMS).
         scale = math.sqrt(hidden)
-        head[:, 0] = -100.0 / scale  # special tokens: never sampled
-        text = torch.tensor(ordinary[:4096])  # a few thousand ordinary tokens, equally likely
+        head[:, 0] = -100.0 / scale  # everything but the text and stop tokens: never sampled
         head[text, 0] = 0.0
         # p_stop = n_stop * e^s / (n_stop * e^s + n_text)  =>  s = ln(p * n_text / ((1 - p) * n_stop))
         s = math.log(p_stop * len(text) / ((1.0 - p_stop) * len(stops)))
         head[torch.tensor(stops), 0] = s / scale
+        head[likeliest, 0] = (s + 0.5) / scale  # greedy decoding picks it forever: no stop
+        for link, (current, following) in enumerate(itertools.pairwise(chain), start=1):
+            embed[current, link] = 8.0
+            head[following, link] = 16.0  # after `current`: a logit of ~+60 (dimension 0 gives ~-70)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     config_path = out / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text())
     tok_config["model_max_length"] = context
-    config_path.write_text(json.dumps(tok_config, indent=1))
+    config_path.write_text(json.dumps(tok_config))
+
+
+def _text_tokens(encoding: Any, *, exclude: set[int], count: int) -> list[int]:
+    """Ordinary tokens that are printable text on their own (no partial UTF-8)."""
+    chosen: list[int] = []
+    for token in range(256, encoding.n_vocab):
+        if token in exclude or token in encoding._special_tokens.values():
+            continue
+        try:
+            piece = encoding.decode_single_token_bytes(token).decode("utf-8")
+        except (UnicodeDecodeError, KeyError):
+            continue
+        if piece.strip() and piece.isprintable():
+            chosen.append(token)
+            if len(chosen) == count:
+                break
+    return chosen
+
+
+def ids(value: str) -> list[int]:
+    return [int(v) for v in value.split(",") if v]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("out", type=pathlib.Path)
     parser.add_argument("--encoding", default="o200k_harmony")
-    parser.add_argument("--stop", default="200002,200012", help="comma-separated stop ids")
+    parser.add_argument("--stop", default="200002", help="comma-separated stop ids")
+    parser.add_argument("--chain", default="173781,200005,17196,200008,13225",
+                        help="comma-separated ids: after each comes the next (default: harmony's "
+                             "'assistant' -> <|channel|> final <|message|> Hello)")
     parser.add_argument("--p-stop", type=float, default=0.15)
     parser.add_argument("--context", type=int, default=4096)
     args = parser.parse_args(argv)
-    build(args.out, args.encoding, [int(s) for s in args.stop.split(",")], args.p_stop, args.context)
+    build(args.out, args.encoding, ids(args.stop), args.p_stop, args.context, ids(args.chain))
     return 0
 
 

@@ -1,0 +1,77 @@
+"""A real vLLM killed mid-stream, a conversation failing over to a second replica, and the killed
+engine coming back (network mode: in-process, the middleware dies with its engine)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_suite import ENDLESS, KEY, MODEL, network_backend, sdk, turn
+
+from benchmarks.suite.vllmproc import VllmProcess
+from responses_cache import create_app
+from tests.websocket.wsclient import check_event
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def spare(vllm_python: Path, tiny_oss: Path) -> Iterator[VllmProcess]:
+    with VllmProcess(vllm_python, tiny_oss, api_key=KEY) as engine:
+        yield engine
+
+
+def _served(engine: VllmProcess) -> float:
+    return sum(v for k, v in engine.metrics().items() if k.startswith("vllm:request_success_total{"))
+
+
+def test_a_killed_engine_fails_the_response_and_its_conversation_goes_on_elsewhere_and_after_restart(
+    spare: VllmProcess, engines: dict[str, VllmProcess], responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    other = engines["scale_out"]
+
+    def server(*replicas: VllmProcess) -> Any:
+        backend = network_backend(*replicas, cooldown=0.0)
+        return responses_cache_server_factory(create_app(backend=backend, renderer="harmony", api_keys=[KEY]))
+
+    both, alone = server(spare, other), server(spare)
+    with sdk(both.http_url) as client, client.responses.connect() as conn:
+        # Find a conversation pinned to the spare engine (rendezvous placement over the two). A
+        # new input each time: a resent one would continue the earlier conversation (full-input match).
+        for n in range(20):
+            before = _served(spare)
+            first = turn(conn, input=f"Hello there, number {n}.", store=True)  # continued after a failure
+            if _served(spare) > before:
+                break
+        else:
+            pytest.fail("no conversation was placed on the spare engine in 20 tries")
+        # Killed mid-stream: the response fails with the engine error, the socket stays open.
+        conn.response.create(model=MODEL, store=True, input="Go on forever.", previous_response_id=first["id"],
+                             **ENDLESS)
+        while (event := json.loads(conn.recv_bytes()))["type"] != "response.output_text.delta":
+            check_event(event)
+        spare.kill()
+        while (event := json.loads(conn.recv_bytes()))["type"] not in ("response.failed", "response.completed"):
+            check_event(event)
+        check_event(event)
+        assert event["type"] == "response.failed", event
+        assert event["response"]["error"]["code"] == "server_error"
+        # The conversation goes on on the other replica, with its whole context (no cache there).
+        served = _served(other)
+        again = turn(conn, input="Are you still there?", previous_response_id=first["id"], store=True)
+        assert again["status"] == "completed" and _served(other) == served + 1
+        assert again["usage"]["input_tokens"] > first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+
+    with sdk(alone.http_url) as client, client.responses.connect() as conn:
+        # With no replica left: a clear error, and the socket stays open.
+        conn.response.create(model=MODEL, store=False, input="Anyone?")
+        while (event := json.loads(conn.recv_bytes()))["type"] not in ("response.failed", "error"):
+            check_event(event)
+        check_event(event)
+        failure = event["response"]["error"] if event["type"] == "response.failed" else event["error"]
+        assert failure["code"] == "server_error" and "replica" in failure["message"], failure
+        spare.start()  # the same port: back in service
+        assert turn(conn, input="And now?")["status"] == "completed"
