@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route as HTTPRoute
 from starlette.types import Receive, Scope, Send
 
+from . import listing
 from .auth import Authenticator
 from .protocol import events as ev
 from .protocol.codec import encode
@@ -22,7 +23,7 @@ from .protocol.errors import (
     invalid_request,
     server_error,
 )
-from .protocol.request import decode_create
+from .protocol.request import decode_count, decode_create
 from .service import ResponsesService
 from .session import InputBudget
 from .state import ResponseState
@@ -61,7 +62,9 @@ class HTTPApi:
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         return [
             HTTPRoute(f"{prefix}/responses", self.create, methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/input_tokens", self.input_tokens, methods=["POST"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.retrieve, methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}/input_items", self.input_items, methods=["GET"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.delete, methods=["DELETE"]),
             HTTPRoute(f"{prefix}/models", self.models, methods=["GET"]),
         ]
@@ -182,12 +185,42 @@ class HTTPApi:
             return error_response(exc)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
+    async def input_items(self, request: Request) -> HTTPResponse:
+        """A stored response's input items, a cursor page (see :mod:`responses_cache.listing`)."""
+        try:
+            tenant = await self._tenant(request)
+            response_id = request.path_params["response_id"]
+            query = listing.parse_query(request.query_params, request.query_params.getlist("include[]") or request.query_params.getlist("include"))
+            store = self.service.store
+            chain = await store.get_chain(tenant, response_id) if store is not None else None
+            if chain is None:  # an earlier link is gone: the response's own input only
+                chain = [await self._stored(tenant, response_id)]
+            return json_response(listing.page(listing.context_items(chain), query))
+        except ResponsesError as exc:
+            return error_response(exc)
+
+    async def input_tokens(self, request: Request) -> HTTPResponse:
+        """``POST /v1/responses/input_tokens``: the prompt's token count, nothing generated."""
+        charge = _Charge(self.input_budget)
+        try:
+            tenant = await self._tenant(request)
+            body = decode_count(await self._body(request, charge))
+            count = await self.service.count_input_tokens(body, tenant)
+        except ResponsesError as exc:
+            return error_response(exc)
+        except ClientDisconnect:
+            return HTTPResponse(status_code=499)
+        except Exception:
+            logger.exception("POST /responses/input_tokens failed")
+            return error_response(server_error())
+        finally:
+            charge.release()
+        return json_response({"object": "response.input_tokens", "input_tokens": count})
+
     async def _stored(self, tenant: str, response_id: str) -> StoredResponse:
         stored = await self.service.store.get(tenant, response_id) if self.service.store else None
         if stored is None:
-            raise ResponsesError(
-                f"Response with id '{response_id}' not found.", status=404, code="response_not_found", param="response_id"
-            )
+            raise listing.not_found(response_id)
         return stored
 
     async def models(self, request: Request) -> HTTPResponse:

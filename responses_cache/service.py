@@ -188,6 +188,28 @@ class ResponsesService:
                 metrics.inc("full_input_reuse_total", labels)
         return parent
 
+    async def count_input_tokens(self, request: CreateResponse, tenant: str) -> int:
+        """``POST /v1/responses/input_tokens``: the prompt tokens the engine would receive for
+        ``request`` (``input``, ``instructions``, ``tools``, ``previous_response_id``), found as a
+        create finds its parent — so a parent in the hot cache, or stored with a usable token-log
+        snapshot, costs only the new items' render. A route without a renderer (a chat-style
+        backend, the bridge) has no prompt to count: 400 ``unsupported_value``."""
+        if request.model is None or request.model == "":
+            models = self.router.models()
+            if not models:
+                raise invalid_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+            request.model = models[0]
+        turn = self.prepare(request, tenant, "http")
+        route = self.router.resolve(turn.model, tenant)
+        if route.renderer is None or self.delegate_misses is not None:
+            raise invalid_request(
+                f"Input token counts are not available for model '{turn.model}': its backend takes messages, not a prompt.",
+                "model",
+                "unsupported_value",
+            )
+        parent = await self.parent_of(turn, route)
+        return await self.pipeline.count_prompt(turn, parent, route)
+
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""
         state = await self.pipeline.run(turn, parent, route, emit)

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -404,6 +405,30 @@ class Pipeline:
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
+
+    async def count_prompt(self, turn: Turn, parent: ResponseState | None, route: Route) -> int:
+        """The prompt tokens the engine would receive for ``turn`` (``POST /v1/responses/input_tokens``):
+        the turn is validated and rendered as :meth:`run` would render it — appended to the
+        parent's token log when it has one — but nothing is generated, stored or billed. Input
+        safety hooks are not run (a hook that rewrites input could change the count). The count
+        is given even past the route's context window."""
+        assert route.renderer is not None
+        try:
+            self.validator(
+                turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media
+            )
+            context = parent.conversation if parent else EMPTY
+            call = functools.partial(
+                render, route.renderer, parent, context, turn.items, turn.request.instructions, turn.tools,
+                context_window=sys.maxsize,
+            )
+            if self._render_size(parent, turn.items) >= self.offload_chars:
+                rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+            else:
+                rendered = call()
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        return rendered.log.num_tokens + len(route.renderer.generation_prompt)
 
     def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
