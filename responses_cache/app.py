@@ -33,6 +33,7 @@ from .runtime import (
     DEFAULT_WRITE_TIMEOUT_S,
     Service,
 )
+from .sealing import Sealer
 from .service import ResponsesService
 from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
@@ -79,6 +80,9 @@ class ServerConfig:
     tokenizer_threads: int | None = None
     #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
     partition_prefix_cache: bool = True
+    #: Seals ``include: ["reasoning.encrypted_content"]`` reasoning (``Sealer.from_text(key)``;
+    #: the sealing extra). ``None``: that option is refused with a 400.
+    sealer: Sealer | None = None
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -145,7 +149,7 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         tool_cache.resize(cfg.tool_cache_bytes)
     backends = router.backends() if isinstance(router, StaticRouter) else [backend]
     return Service(
-        core=ResponsesService(router, pipeline, store, hot=hot),
+        core=ResponsesService(router, pipeline, store, hot=hot, sealer=cfg.sealer),
         authenticator=authenticator,
         session=cfg.session,
         metrics=metrics,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
+from . import encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
@@ -32,6 +33,7 @@ from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
 from .references import ItemIndex, resolve_references
 from .routing import Route, Router
+from .sealing import Sealer
 from .state import ResponseState, open_calls_after
 from .store import ResponseStore
 from .tokens.base import Renderer
@@ -79,6 +81,7 @@ class ResponsesService:
         *,
         delegate_misses: ParentResolver | None = None,
         hot: HotCache | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.router = router
         self.pipeline = pipeline
@@ -88,6 +91,9 @@ class ResponsesService:
         #: store. An app that would ignore the id gets no such turn (``previous_response_not_found``).
         self.delegate_misses = delegate_misses
         self.hot = hot
+        #: Seals reasoning for ``include: ["reasoning.encrypted_content"]`` and opens what clients
+        #: send back (``None``: the option is refused, and blobs pass through unopened).
+        self.sealer = sealer
         #: Continuations resolved from the hot cache.
         self.hot_hits = 0
         #: Continuations rebuilt from the store (with or without a snapshot).
@@ -113,15 +119,25 @@ class ResponsesService:
             # The extension keeps a response open inside this server's pipeline: not over HTTP, and
             # not for a bridged app, which continues from its own store.
             raise append_not_enabled()
+        items = decode_input(request.input)
+        seal = None
+        if self.delegate_misses is None:  # a bridged app seals and opens its own reasoning
+            if self.sealer is not None:
+                items = encrypted_reasoning.open_items(self.sealer, tenant, items)
+            if request.include and encrypted_reasoning.INCLUDE in request.include:
+                if self.sealer is None:
+                    raise encrypted_reasoning.not_configured()
+                seal = encrypted_reasoning.sealer_for(self.sealer, tenant)
         return Turn(
             request=request,
-            items=decode_input(request.input),
+            items=items,
             tools=parse_tools(request.tools),
             tenant=tenant,
             transport=transport,
             lane=lane,
             response_id=new_id("resp"),
             created_at=time.time(),
+            seal_reasoning=seal,
         )
 
     async def resolve_references(

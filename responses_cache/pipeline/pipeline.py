@@ -217,7 +217,7 @@ class Pipeline:
         timings["render"] = t2 - t1
 
         input_context = context.extend(items)
-        out = OutputBuilder(emit, turn.lane)
+        out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
         status: Any = "completed"
         error: ResponseErrorInfo | None = None
         incomplete: IncompleteDetails | None = None
