@@ -12,7 +12,13 @@ import pytest
 from openai import OpenAI
 from wsclient import check_event, check_stream
 
-from responses_cache.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from responses_cache.backends.base import (
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
 from responses_cache.sealing import Sealer, SealError, new_key
 from responses_cache.testing import RecordingBackend, ScriptedBackend, context_of
 
