@@ -193,6 +193,12 @@ class ResponsesService:
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
+            if parent is not None and parent.response.status in ("queued", "in_progress"):
+                raise invalid_request(  # a background response still running
+                    f"Previous response with id '{wanted}' is still {parent.response.status}; continue from it once it has finished.",
+                    "previous_response_id",
+                    "previous_response_in_progress",
+                )
         await self.resolve_references(turn, parent, cache.items if cache is not None else None)
         if wanted is None and cache is not None:
             metrics.inc("full_sends_total", labels)

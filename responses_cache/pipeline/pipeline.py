@@ -611,6 +611,7 @@ class Pipeline:
             cached_tokens=min(cached, prompt),
             transport=turn.transport,
             previous_response_id=turn.request.previous_response_id,
+            background=turn.request.background,
         )
 
     @staticmethod
@@ -669,6 +670,7 @@ class Pipeline:
             top_p=r.top_p,
             previous_response_id=r.previous_response_id,
             store=r.store,
+            background=r.background,
             completed_at=int(self.clock()) if status == "completed" else None,
             max_output_tokens=r.max_output_tokens,
             max_tool_calls=r.max_tool_calls,
