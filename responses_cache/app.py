@@ -82,7 +82,7 @@ class ServerConfig:
     #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
     partition_prefix_cache: bool = True
     #: Seals ``include: ["reasoning.encrypted_content"]`` reasoning (``Sealer.from_text(key)``;
-    #: the sealing extra). ``None``: that option is refused with a 400.
+    #: the sealing extra). ``None``: that option is accepted and does nothing.
     sealer: Sealer | None = None
     #: Finished background responses whose events are kept in memory for late stream readers.
     background_retain: int = 1024

@@ -60,11 +60,3 @@ def invalid_encrypted_content(item: Reasoning, index: int) -> ResponsesError:
         code="invalid_encrypted_content",
         param=f"input[{index}].encrypted_content",
     )
-
-
-def not_configured() -> ResponsesError:
-    return ResponsesError(
-        f"'{INCLUDE}' needs a sealing key on this server (the sealing_key setting).",
-        code="unsupported_value",
-        param="include",
-    )

@@ -92,7 +92,7 @@ class ResponsesService:
         self.delegate_misses = delegate_misses
         self.hot = hot
         #: Seals reasoning for ``include: ["reasoning.encrypted_content"]`` and opens what clients
-        #: send back (``None``: the option is refused, and blobs pass through unopened).
+        #: send back (``None``: the option does nothing, and blobs pass through unopened).
         self.sealer = sealer
         #: Continuations resolved from the hot cache.
         self.hot_hits = 0
@@ -124,9 +124,9 @@ class ResponsesService:
         if self.delegate_misses is None:  # a bridged app seals and opens its own reasoning
             if self.sealer is not None:
                 items = encrypted_reasoning.open_items(self.sealer, tenant, items)
-            if request.include and encrypted_reasoning.INCLUDE in request.include:
-                if self.sealer is None:
-                    raise encrypted_reasoning.not_configured()
+            if self.sealer is not None and request.include and encrypted_reasoning.INCLUDE in request.include:
+                # Without a key the option is accepted and does nothing (clients such as Codex
+                # always ask for it): reasoning then carries no encrypted_content.
                 seal = encrypted_reasoning.sealer_for(self.sealer, tenant)
         return Turn(
             request=request,
