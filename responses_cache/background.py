@@ -227,8 +227,19 @@ class BackgroundRunner:
         run = _Run(turn.tenant, stored)
         key = (turn.tenant, turn.response_id)
         self._running[key] = run
-        run.task = asyncio.get_running_loop().create_task(self._run(run, turn, parent, route), name=f"background {turn.response_id}")
+        loop = asyncio.get_running_loop()
+        run.task = loop.create_task(self._run(run, turn, parent, route), name=f"background {turn.response_id}")
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not run.done:  # cancelled before it started: its own ending never ran
+                self._track(loop.create_task(self._end(run, self._interrupted(run))))
+
+        run.task.add_done_callback(ended)
         return queued
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._relay_tasks.add(task)
+        task.add_done_callback(self._relay_tasks.discard)
 
     async def _run(self, run: _Run, turn: Turn, parent: ResponseState | None, route: Route) -> None:
         store = self.service.store
@@ -302,9 +313,7 @@ class BackgroundRunner:
             finally:
                 run.relaying = False
 
-        task = asyncio.get_running_loop().create_task(flush())
-        self._relay_tasks.add(task)
-        task.add_done_callback(self._relay_tasks.discard)
+        self._track(asyncio.get_running_loop().create_task(flush()))
 
     # -- reading and cancelling -------------------------------------------------------------
 

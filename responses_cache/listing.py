@@ -33,7 +33,6 @@ from .protocol.items import (
     Item,
     Message,
     OutputText,
-    Reasoning,
 )
 from .store import StoredResponse
 
@@ -160,8 +159,6 @@ def wire_item(item: Item, holder: str, index: int) -> dict[str, Any]:
         data.setdefault("status", "completed")
     elif isinstance(item, (FunctionCall, FunctionCallOutput, CustomToolCall, CustomToolCallOutput)):
         data.setdefault("status", "completed")
-    elif isinstance(item, Reasoning):
-        pass
     return data
 
 

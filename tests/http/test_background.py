@@ -5,9 +5,6 @@ a restart that marks what a dead process left running ``failed``."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,50 +16,17 @@ from openai._models import validate_type
 from openai.types.responses import ResponseStreamEvent
 
 from responses_cache import create_app
-from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
 from responses_cache.billing import Biller, JsonlSink
 from responses_cache.billing.journal import OpenEntry, UsageJournal
 from responses_cache.billing.record import UsageRecord
+from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.store import MemoryResponseStore, StoredResponse
+from responses_cache.testing import GatedBackend
 
 MODEL = "gate-1"
 KEYS = {"sk-a": "tenant-a", "sk-b": "tenant-b"}
 DEADLINE_S = 10
-
-
-class GatedEngine:
-    """An engine the test drives: it streams ``"partial "``, then holds its request open until
-    :meth:`release` (then ``"done"``), and records whether a request was aborted while held."""
-
-    accepts_media = False
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.aborted = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._gate: asyncio.Event | None = None
-
-    def models(self) -> Sequence[str]:
-        return [MODEL]
-
-    def release(self) -> None:
-        assert self._loop is not None and self._gate is not None
-        self._loop.call_soon_threadsafe(self._gate.set)
-
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
-        finished = False
-        try:
-            yield TextDelta("partial ")
-            self.started.set()
-            await self._gate.wait()
-            yield TextDelta("done")
-            finished = True
-            yield Finish()
-        finally:
-            if not finished:
-                self.aborted.set()
 
 
 class Records:
@@ -86,12 +50,12 @@ def _strict(events: list[Any]) -> list[Any]:
     return events
 
 
-def _started(engine: GatedEngine) -> None:
+def _started(engine: GatedBackend) -> None:
     assert engine.started.wait(DEADLINE_S), "the engine never got the request"
 
 
 def test_background_response_runs_without_the_client_and_streams_again(responses_cache_server_factory: Any) -> None:
-    engine = GatedEngine()
+    engine = GatedBackend()
     server = responses_cache_server_factory(backend=engine, api_keys=KEYS)
     client = _client(server)
     queued = client.responses.create(model=MODEL, input="Work on it.", background=True, store=True)
@@ -117,7 +81,7 @@ def test_background_response_runs_without_the_client_and_streams_again(responses
 
 
 def test_background_create_streamed_outlives_its_connection(responses_cache_server_factory: Any) -> None:
-    engine = GatedEngine()
+    engine = GatedBackend()
     server = responses_cache_server_factory(backend=engine)
     client = _client(server)
     with client.responses.create(model=MODEL, input="Go.", background=True, stream=True) as stream:
@@ -132,7 +96,7 @@ def test_background_create_streamed_outlives_its_connection(responses_cache_serv
 
 
 def test_cancel_aborts_the_engine_request_and_bills_it_cancelled(responses_cache_server_factory: Any) -> None:
-    engine, billing = GatedEngine(), Records()
+    engine, billing = GatedBackend(), Records()
     server = responses_cache_server_factory(backend=engine, api_keys=KEYS, billing=billing)
     client = _client(server)
     queued = client.responses.create(model=MODEL, input="Long job.", background=True)
@@ -151,7 +115,7 @@ def test_cancel_aborts_the_engine_request_and_bills_it_cancelled(responses_cache
 
 
 def test_bad_background_requests(responses_cache_server_factory: Any) -> None:
-    engine = GatedEngine()
+    engine = GatedBackend()
     server = responses_cache_server_factory(backend=engine, api_keys=KEYS)
     client = _client(server)
     with pytest.raises(openai.BadRequestError) as caught:
@@ -199,7 +163,7 @@ async def test_a_restart_marks_what_a_dead_process_left_running_failed(tmp_path:
             )
             await store.put(StoredResponse("default", response, (), None, b"[]"))
     billing = Biller(JsonlSink(tmp_path / "usage.jsonl"), journal_path=journal_path)
-    app = create_app(backend=GatedEngine(), store=store, billing=billing)
+    app = create_app(backend=GatedBackend(), store=store, billing=billing)
     async with app.router.lifespan_context(app):
         assert app.state.service.background.recovered == 1
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
@@ -207,3 +171,19 @@ async def test_a_restart_marks_what_a_dead_process_left_running_failed(tmp_path:
             untouched = (await client.get("/v1/responses/resp_fg")).json()
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
     assert untouched["status"] == "in_progress"  # not a background response: not ours to mark
+
+
+async def test_a_response_cancelled_before_it_starts_is_stored_cancelled() -> None:
+    engine, billing = GatedBackend(), Records()
+    app = create_app(backend=engine, billing=billing)
+    async with app.router.lifespan_context(app):
+        service = app.state.service
+        turn = service.core.prepare(decode_create(b'{"model": "gate-1", "input": "x", "background": true}'), "default", "http")
+        route = service.core.router.resolve(turn.model, "default")
+        queued = await service.background.submit(turn, None, route)
+        assert queued.status == "queued"
+        cancelled = await service.background.cancel("default", turn.response_id)  # before its task ran
+        assert cancelled.status == "cancelled" and service.background.running == 0
+        stored = await service.core.store.get("default", turn.response_id)
+        assert stored.response.status == "cancelled"
+    assert not engine.started.is_set() and billing.records == []  # never created: nothing to bill

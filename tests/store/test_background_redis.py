@@ -4,65 +4,28 @@ is told, and aborts its engine request)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from openai import OpenAI
 from openai._models import validate_type
 from openai.types.responses import ResponseStreamEvent
 
-from responses_cache.backends.base import BackendEvent, Finish, GenerationRequest, TextDelta
 from responses_cache.redis_store import RedisResponseStore
+from responses_cache.testing import GatedBackend
 
 MODEL = "gate-1"
 DEADLINE_S = 10
-
-
-class GatedEngine:
-    """Streams ``"partial "``, holds the request until :meth:`release` (then ``"done"``), and
-    records an abort."""
-
-    accepts_media = False
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.aborted = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._gate: asyncio.Event | None = None
-
-    def models(self) -> Sequence[str]:
-        return [MODEL]
-
-    def release(self) -> None:
-        assert self._loop is not None and self._gate is not None
-        self._loop.call_soon_threadsafe(self._gate.set)
-
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
-        finished = False
-        try:
-            yield TextDelta("partial ")
-            self.started.set()
-            await self._gate.wait()
-            yield TextDelta("done")
-            finished = True
-            yield Finish()
-        finally:
-            if not finished:
-                self.aborted.set()
 
 
 def _client(server: Any) -> OpenAI:
     return OpenAI(base_url=server.http_url, api_key="sk-a", max_retries=0, _strict_response_validation=True)
 
 
-def _servers(factory: Any, redis_url: str) -> tuple[GatedEngine, Any, Any]:
-    engine = GatedEngine()
+def _servers(factory: Any, redis_url: str) -> tuple[GatedBackend, Any, Any]:
+    engine = GatedBackend()
     options: dict[str, Any] = {"api_keys": {"sk-a": "tenant-a"}, "own_store": True}
     a = factory(backend=engine, store=RedisResponseStore(redis_url), **options)
-    b = factory(backend=GatedEngine(), store=RedisResponseStore(redis_url), **options)
+    b = factory(backend=GatedBackend(), store=RedisResponseStore(redis_url), **options)
     return engine, a, b
 
 
