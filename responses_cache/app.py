@@ -16,6 +16,7 @@ from starlette.routing import Route as HTTPRoute
 from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
+from .background import BackgroundRunner
 from .hot import HotCache
 from .http_api import HTTPApi
 from .lifecycle import Resources
@@ -33,6 +34,7 @@ from .runtime import (
     DEFAULT_WRITE_TIMEOUT_S,
     Service,
 )
+from .sealing import Sealer
 from .service import ResponsesService
 from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
@@ -79,6 +81,11 @@ class ServerConfig:
     tokenizer_threads: int | None = None
     #: Give each tenant its own engine prefix cache (``cache_salt``); ``False`` shares it.
     partition_prefix_cache: bool = True
+    #: Seals ``include: ["reasoning.encrypted_content"]`` reasoning (``Sealer.from_text(key)``;
+    #: the sealing extra). ``None``: that option is accepted and does nothing.
+    sealer: Sealer | None = None
+    #: Finished background responses whose events are kept in memory for late stream readers.
+    background_retain: int = 1024
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -144,8 +151,11 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)
     backends = router.backends() if isinstance(router, StaticRouter) else [backend]
+    core = ResponsesService(router, pipeline, store, hot=hot, sealer=cfg.sealer)
+    background = BackgroundRunner(core, retain=cfg.background_retain)
     return Service(
-        core=ResponsesService(router, pipeline, store, hot=hot),
+        core=core,
+        background=background,
         authenticator=authenticator,
         session=cfg.session,
         metrics=metrics,
@@ -156,7 +166,9 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         # Started in this order, closed in reverse: billing outlives the backends and the store,
         # and the pipeline's tokenizer threads go last. A backend's start (an engine adapter's
         # tokenizer handshake) may refuse the start-up.
-        resources=Resources([pipeline, cfg.billing, store if owns_store else None, *backends, *cfg.hooks]),
+        # The background runner starts last (it reads the opened billing journal and listens on
+        # the store) and closes first (its running responses end while the rest still works).
+        resources=Resources([pipeline, cfg.billing, store if owns_store else None, *backends, *cfg.hooks, background]),
     )
 
 
@@ -186,7 +198,8 @@ def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
     api = HTTPApi(
-        service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget
+        service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget,
+        background=service.background,
     )
     routes = api.routes()
     metrics = service.metrics

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing import Biller
@@ -45,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         backend = load_backend(settings.backend, **options)
         billing = _biller(settings)
         store = _store(settings)
+        sealer = _sealer(settings.sealing_key)
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         write_timeout_s=settings.write_timeout_s,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
+        sealer=sealer,
     )
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
@@ -87,6 +89,18 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(server).run()
     return 0
+
+
+def _sealer(key: str | None) -> Any:
+    """The reasoning sealer of the ``sealing_key`` setting (``None`` without one)."""
+    if key is None:
+        return None
+    from .sealing import Sealer
+
+    try:
+        return Sealer.from_text(key)
+    except ValueError:
+        raise ValueError("sealing_key: expected 32 random bytes in base64 (the key itself is not shown)") from None
 
 
 def _store(settings: ServeSettings) -> ResponseStore | None:

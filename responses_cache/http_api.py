@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
@@ -13,7 +14,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route as HTTPRoute
 from starlette.types import Receive, Scope, Send
 
+from . import listing
 from .auth import Authenticator
+from .background import BackgroundRunner, Frame
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import (
@@ -22,7 +25,7 @@ from .protocol.errors import (
     invalid_request,
     server_error,
 )
-from .protocol.request import decode_create
+from .protocol.request import decode_count, decode_create
 from .service import ResponsesService
 from .session import InputBudget
 from .state import ResponseState
@@ -50,6 +53,7 @@ class HTTPApi:
         *,
         max_body_bytes: int,
         input_budget: InputBudget | None = None,
+        background: BackgroundRunner | None = None,
     ) -> None:
         self.service = service
         self.authenticator = authenticator
@@ -57,12 +61,17 @@ class HTTPApi:
         #: The process-wide budget for request bytes held by unfinished requests (shared with
         #: WebSocket mode): a body is charged as it is read and released when its turn ends.
         self.input_budget = input_budget
+        #: Runs ``background: true`` responses (``None``: they are refused).
+        self.background = background
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         return [
             HTTPRoute(f"{prefix}/responses", self.create, methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/input_tokens", self.input_tokens, methods=["POST"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.retrieve, methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}/input_items", self.input_items, methods=["GET"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.delete, methods=["DELETE"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}/cancel", self.cancel, methods=["POST"]),
             HTTPRoute(f"{prefix}/models", self.models, methods=["GET"]),
         ]
 
@@ -119,13 +128,19 @@ class HTTPApi:
             if body.stream_id is not None:
                 raise invalid_request("The 'stream_id' parameter is only supported over WebSocket.", "stream_id", "unsupported_parameter")
             if body.background:
-                raise invalid_request("Background mode is not supported by this server.", "background", "unsupported_parameter")
+                self._check_background(body.store)
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
             route = self.service.router.resolve(turn.model, tenant)
             del raw
             parent = await self.service.parent_of(turn, route)
+            if body.background:
+                assert self.background is not None
+                queued = await self.background.submit(turn, parent, route)
+                if not body.stream:
+                    return json_response(queued), None
+                return _BackgroundStream(self.background.events(tenant, turn.response_id, -1)), None
         except ResponsesError as exc:
             return error_response(exc), None
         except ClientDisconnect:
@@ -161,13 +176,49 @@ class HTTPApi:
 
         return _EventStream(first, queue, task), task
 
+    def _check_background(self, store: bool) -> None:
+        if self.background is None or self.service.delegate_misses is not None:
+            raise invalid_request("Background mode is not supported by this server.", "background", "unsupported_parameter")
+        if not store:
+            raise invalid_request("Background mode requires 'store' to be true.", "store", "invalid_value")
+
     async def retrieve(self, request: Request) -> HTTPResponse:
+        """A stored response; ``?stream=true`` (a background response): its events from
+        ``starting_after`` on, as they come."""
         try:
             tenant = await self._tenant(request)
-            stored = await self._stored(tenant, request.path_params["response_id"])
+            response_id = request.path_params["response_id"]
+            stored = await self._stored(tenant, response_id)
+            if request.query_params.get("stream", "false").lower() not in ("true", "1"):
+                return json_response(stored.response)
+            raw_after = request.query_params.get("starting_after", "-1")
+            if not raw_after.lstrip("-").isdigit():
+                raise invalid_request(
+                    f"Invalid type for 'starting_after': expected an integer, but got '{raw_after}'.", "starting_after", "invalid_type"
+                )
+            runner = self.background
+            if not stored.response.background or runner is None:
+                raise invalid_request("Only background responses can be streamed again.", "stream", "invalid_value")
+            if runner.local(tenant, response_id) is None and runner.relay is None:
+                raise invalid_request(
+                    "The events of this response are no longer kept; retrieve it without 'stream'.", "stream", "invalid_value"
+                )
+            return _BackgroundStream(runner.events(tenant, response_id, int(raw_after)))
         except ResponsesError as exc:
             return error_response(exc)
-        return json_response(stored.response)
+
+    async def cancel(self, request: Request) -> HTTPResponse:
+        """``POST /v1/responses/{id}/cancel``: cancel a background response (any process, with a
+        shared store); the response is returned as it ended."""
+        try:
+            tenant = await self._tenant(request)
+            response_id = request.path_params["response_id"]
+            if self.background is None:
+                await self._stored(tenant, response_id)
+                raise invalid_request("Only background responses can be cancelled.", "response_id", "invalid_value")
+            return json_response(await self.background.cancel(tenant, response_id))
+        except ResponsesError as exc:
+            return error_response(exc)
 
     async def delete(self, request: Request) -> HTTPResponse:
         try:
@@ -182,12 +233,42 @@ class HTTPApi:
             return error_response(exc)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
+    async def input_items(self, request: Request) -> HTTPResponse:
+        """A stored response's input items, a cursor page (see :mod:`responses_cache.listing`)."""
+        try:
+            tenant = await self._tenant(request)
+            response_id = request.path_params["response_id"]
+            query = listing.parse_query(request.query_params, request.query_params.getlist("include[]") or request.query_params.getlist("include"))
+            store = self.service.store
+            chain = await store.get_chain(tenant, response_id) if store is not None else None
+            if chain is None:  # an earlier link is gone: the response's own input only
+                chain = [await self._stored(tenant, response_id)]
+            return json_response(listing.page(listing.context_items(chain), query))
+        except ResponsesError as exc:
+            return error_response(exc)
+
+    async def input_tokens(self, request: Request) -> HTTPResponse:
+        """``POST /v1/responses/input_tokens``: the prompt's token count, nothing generated."""
+        charge = _Charge(self.input_budget)
+        try:
+            tenant = await self._tenant(request)
+            body = decode_count(await self._body(request, charge))
+            count = await self.service.count_input_tokens(body, tenant)
+        except ResponsesError as exc:
+            return error_response(exc)
+        except ClientDisconnect:
+            return HTTPResponse(status_code=499)
+        except Exception:
+            logger.exception("POST /responses/input_tokens failed")
+            return error_response(server_error())
+        finally:
+            charge.release()
+        return json_response({"object": "response.input_tokens", "input_tokens": count})
+
     async def _stored(self, tenant: str, response_id: str) -> StoredResponse:
         stored = await self.service.store.get(tenant, response_id) if self.service.store else None
         if stored is None:
-            raise ResponsesError(
-                f"Response with id '{response_id}' not found.", status=404, code="response_not_found", param="response_id"
-            )
+            raise listing.not_found(response_id)
         return stored
 
     async def models(self, request: Request) -> HTTPResponse:
@@ -241,6 +322,18 @@ class _EventStream(StreamingResponse):
                 await task
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+
+class _BackgroundStream(StreamingResponse):
+    """Server-sent events of a background response: a disconnect ends this stream only, never
+    the response (it runs on; the client may attach again with ``starting_after``)."""
+
+    def __init__(self, frames: AsyncIterator[Frame]) -> None:
+        async def body() -> AsyncIterator[bytes]:
+            async for frame in frames:
+                yield b"event: " + frame.type + b"\ndata: " + frame.data + b"\n\n"
+
+        super().__init__(body(), media_type="text/event-stream; charset=utf-8", headers={"cache-control": "no-cache"})
 
 
 async def _cancel_on_disconnect(receive: Receive, task: asyncio.Future[ResponseState]) -> None:

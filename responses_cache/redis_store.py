@@ -15,11 +15,18 @@ in one Redis Cluster slot.
   it gives ``previous_response_not_found``), a snapshot over ``max_snapshot_bytes`` is left out
   (continuations from it render in full), a chain longer than ``max_chain`` is not hydrated.
 * Store failures surface as :class:`StoreUnavailable` (HTTP 503 / a WebSocket ``error`` event).
+* **Background responses** (:class:`~responses_cache.background.EventRelay`): their events go to
+  a stream per response, ``{prefix}{<tenant>}:ev:{response_id}`` (entry ``0-n`` is event ``n-1``,
+  kept ``events_ttl_s``), read by any process with a blocking ``XREAD``; a cancel is published
+  on the channel ``{prefix}cancel`` to the process that runs the response.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -118,6 +125,7 @@ class RedisResponseStore:
         max_record_bytes: int = 8 * 1024 * 1024,
         max_snapshot_bytes: int = 8 * 1024 * 1024,
         max_chain: int = MAX_CHAIN,
+        events_ttl_s: float = 24 * 3600.0,
     ) -> None:
         #: A client handed in stays its owner's to close; one made here is closed by :meth:`aclose`.
         self._owns_client = client is None
@@ -134,6 +142,7 @@ class RedisResponseStore:
         self.max_record_bytes = max_record_bytes
         self.max_snapshot_bytes = max_snapshot_bytes
         self.max_chain = max_chain
+        self.events_ttl_s = events_ttl_s
         self._get_chain = client.register_script(_GET_CHAIN)
         self._put = client.register_script(_PUT)
         #: Records not stored (over ``max_record_bytes``) and snapshots left out.
@@ -190,6 +199,83 @@ class RedisResponseStore:
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         return bool(await self._call(self._client.delete, self._tenant_prefix(tenant) + response_id))
+
+    # -- background responses (EventRelay) ---------------------------------------------------
+
+    def _events_key(self, tenant: str, response_id: str) -> str:
+        return self._tenant_prefix(tenant) + "ev:" + response_id
+
+    async def append_events(self, tenant: str, response_id: str, first: int, frames: Sequence[tuple[bytes, bytes]]) -> None:
+        key = self._events_key(tenant, response_id)
+        self.round_trips += 1
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for n, (kind, data) in enumerate(frames, start=first + 1):
+                    pipe.xadd(key, {"t": kind, "d": data}, id=f"0-{n}")
+                pipe.pexpire(key, int(self.events_ttl_s * 1000))
+                await pipe.execute()
+        except RedisError:
+            logger.exception("the Redis store failed")
+            raise StoreUnavailable() from None
+
+    async def read_events(self, tenant: str, response_id: str, after: int, wait_s: float) -> list[tuple[int, bytes, bytes]]:
+        key = self._events_key(tenant, response_id)
+        block = int(wait_s * 1000) if wait_s > 0 else None
+        got = await self._call(self._client.xread, {key: f"0-{after + 1}"}, 1000, block)
+        out: list[tuple[int, bytes, bytes]] = []
+        for _stream, entries in got or ():
+            for entry_id, fields in entries:
+                number = int(entry_id.split(b"-")[1]) - 1
+                out.append((number, fields[b"t"], fields[b"d"]))
+        return out
+
+    @property
+    def _cancel_channel(self) -> str:
+        return self.prefix + "cancel"
+
+    async def publish_cancel(self, tenant: str, response_id: str) -> int:
+        message = _encode([tenant, response_id])
+        return int(await self._call(self._client.publish, self._cancel_channel, message))
+
+    async def listen_cancels(self, on_cancel: Callable[[str, str], None]) -> Callable[[], Awaitable[None]]:
+        """Subscribe to the cancel channel (re-subscribing after a connection loss)."""
+        pubsub = self._client.pubsub()
+        await pubsub.subscribe(self._cancel_channel)
+        decode = msgspec.msgpack.Decoder(tuple[str, str]).decode
+
+        async def listen() -> None:
+            nonlocal pubsub
+            pause = 0.1
+            while True:
+                try:
+                    async for message in pubsub.listen():
+                        pause = 0.1
+                        if message.get("type") != "message":
+                            continue
+                        try:
+                            tenant, response_id = decode(message["data"])
+                        except (msgspec.DecodeError, msgspec.ValidationError):
+                            continue
+                        on_cancel(tenant, response_id)
+                except RedisError:
+                    logger.exception("lost the cancel channel; subscribing again")
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 5.0)
+                    with contextlib.suppress(RedisError):
+                        await pubsub.aclose()
+                        pubsub = self._client.pubsub()
+                        await pubsub.subscribe(self._cancel_channel)
+
+        task = asyncio.get_running_loop().create_task(listen(), name="responses_cache.redis.cancels")
+
+        async def stop() -> None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+        return stop
 
     async def aclose(self) -> None:
         if self._owns_client:

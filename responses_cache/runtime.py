@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from .auth import Authenticator
+from .background import BackgroundRunner
 from .lifecycle import Resources
 from .metrics import Metrics
 from .routing import DEFAULT_CONTEXT_WINDOW
@@ -55,6 +56,8 @@ class Service:
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     resources: Resources = field(default_factory=lambda: Resources(()))
+    #: Runs ``background: true`` responses (HTTP only; ``None``: background mode is refused).
+    background: BackgroundRunner | None = None
 
     async def start(self) -> None:
         """Start the owned plugins (billing worker, backend clients, stores). Idempotent: the

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
+from . import encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
@@ -32,6 +33,7 @@ from .protocol.request import CreateResponse, decode_input
 from .protocol.tools import parse_tools
 from .references import ItemIndex, resolve_references
 from .routing import Route, Router
+from .sealing import Sealer
 from .state import ResponseState, open_calls_after
 from .store import ResponseStore
 from .tokens.base import Renderer
@@ -79,6 +81,7 @@ class ResponsesService:
         *,
         delegate_misses: ParentResolver | None = None,
         hot: HotCache | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.router = router
         self.pipeline = pipeline
@@ -88,6 +91,9 @@ class ResponsesService:
         #: store. An app that would ignore the id gets no such turn (``previous_response_not_found``).
         self.delegate_misses = delegate_misses
         self.hot = hot
+        #: Seals reasoning for ``include: ["reasoning.encrypted_content"]`` and opens what clients
+        #: send back (``None``: the option does nothing, and blobs pass through unopened).
+        self.sealer = sealer
         #: Continuations resolved from the hot cache.
         self.hot_hits = 0
         #: Continuations rebuilt from the store (with or without a snapshot).
@@ -113,15 +119,25 @@ class ResponsesService:
             # The extension keeps a response open inside this server's pipeline: not over HTTP, and
             # not for a bridged app, which continues from its own store.
             raise append_not_enabled()
+        items = decode_input(request.input)
+        seal = None
+        if self.delegate_misses is None:  # a bridged app seals and opens its own reasoning
+            if self.sealer is not None:
+                items = encrypted_reasoning.open_items(self.sealer, tenant, items)
+            if self.sealer is not None and request.include and encrypted_reasoning.INCLUDE in request.include:
+                # Without a key the option is accepted and does nothing (clients such as Codex
+                # always ask for it): reasoning then carries no encrypted_content.
+                seal = encrypted_reasoning.sealer_for(self.sealer, tenant)
         return Turn(
             request=request,
-            items=decode_input(request.input),
+            items=items,
             tools=parse_tools(request.tools),
             tenant=tenant,
             transport=transport,
             lane=lane,
             response_id=new_id("resp"),
             created_at=time.time(),
+            seal_reasoning=seal,
         )
 
     async def resolve_references(
@@ -177,6 +193,12 @@ class ResponsesService:
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
+            if parent is not None and parent.response.status in ("queued", "in_progress"):
+                raise invalid_request(  # a background response still running
+                    f"Previous response with id '{wanted}' is still {parent.response.status}; continue from it once it has finished.",
+                    "previous_response_id",
+                    "previous_response_in_progress",
+                )
         await self.resolve_references(turn, parent, cache.items if cache is not None else None)
         if wanted is None and cache is not None:
             metrics.inc("full_sends_total", labels)
@@ -187,6 +209,28 @@ class ResponsesService:
                 turn.reused_items = reused
                 metrics.inc("full_input_reuse_total", labels)
         return parent
+
+    async def count_input_tokens(self, request: CreateResponse, tenant: str) -> int:
+        """``POST /v1/responses/input_tokens``: the prompt tokens the engine would receive for
+        ``request`` (``input``, ``instructions``, ``tools``, ``previous_response_id``), found as a
+        create finds its parent — so a parent in the hot cache, or stored with a usable token-log
+        snapshot, costs only the new items' render. A route without a renderer (a chat-style
+        backend, the bridge) has no prompt to count: 400 ``unsupported_value``."""
+        if request.model is None or request.model == "":
+            models = self.router.models()
+            if not models:
+                raise invalid_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+            request.model = models[0]
+        turn = self.prepare(request, tenant, "http")
+        route = self.router.resolve(turn.model, tenant)
+        if route.renderer is None or self.delegate_misses is not None:
+            raise invalid_request(
+                f"Input token counts are not available for model '{turn.model}': its backend takes messages, not a prompt.",
+                "model",
+                "unsupported_value",
+            )
+        parent = await self.parent_of(turn, route)
+        return await self.pipeline.count_prompt(turn, parent, route)
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""

@@ -125,6 +125,10 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     partition_prefix_cache: bool = True
+    #: The key that seals ``include: ["reasoning.encrypted_content"]`` reasoning: 32 random bytes
+    #: in base64 (the sealing extra). Unset: that option does nothing. Give it by file or by the
+    #: environment (``RESPONSES_CACHE_SEALING_KEY``), never on a command line.
+    sealing_key: str | None = None
     header_timeout_s: float = _LIMITS.header_timeout_s
     keep_alive_s: int = _LIMITS.keep_alive_s
     max_connections: int = _LIMITS.max_connections

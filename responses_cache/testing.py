@@ -122,6 +122,44 @@ class EndlessBackend:
             self.closed += 1
 
 
+class GatedBackend:
+    """Streams ``"partial "``, then holds its request open until :meth:`release` (then ``"done"``):
+    for testing responses that run while the test looks on (background responses, cancel).
+    ``started`` and ``aborted`` (the request closed while held) are ``threading.Event``s, so a
+    test can wait on them while the server runs in another thread (:func:`serve_in_thread`)."""
+
+    accepts_media = False
+
+    def __init__(self, models: Sequence[str] = ("gate-1",)) -> None:
+        self._models = list(models)
+        self.started = threading.Event()
+        self.aborted = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._gate: asyncio.Event | None = None
+
+    def models(self) -> Sequence[str]:
+        return self._models
+
+    def release(self) -> None:
+        """Let the held request finish (from any thread)."""
+        assert self._loop is not None and self._gate is not None, "no request is held"
+        self._loop.call_soon_threadsafe(self._gate.set)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
+        finished = False
+        try:
+            yield TextDelta("partial ")
+            self.started.set()
+            await self._gate.wait()
+            yield TextDelta("done")
+            finished = True
+            yield Finish()
+        finally:
+            if not finished:
+                self.aborted.set()
+
+
 def context_of(request: GenerationRequest) -> dict[str, Any]:
     """The parts of a request that decide what the model sees."""
     prompt = list(request.prompt.tokens()) if request.prompt is not None else None

@@ -79,6 +79,8 @@ class OpenEntry(msgspec.Struct, tag="open", tag_field="t", frozen=True, kw_only=
     cached_tokens: int = 0
     transport: str = "http"
     previous_response_id: str | None = None
+    #: A ``background: true`` response (marked ``failed`` in the store if a crash cuts it off).
+    background: bool = False
 
 
 class MarkEntry(msgspec.Struct, tag="mark", tag_field="t", frozen=True, omit_defaults=True):
@@ -201,6 +203,8 @@ class UsageJournal:
         self._synced = 0
         self.recovered = 0
         """Responses found open without a close when the journal was opened."""
+        self.recovered_entries: list[OpenEntry] = []
+        """Their open entries (a background response among them is marked ``failed``)."""
         self.replayed = 0
         """Closed records found undelivered when the journal was opened (recovered ones included)."""
 
@@ -531,7 +535,9 @@ class UsageJournal:
         self._head = unacked[0][1] if unacked else self._size
         self._skip = {rid for rid, off in closes if rid in acked and off > self._head}
         self._pending = len(unacked)
-        orphans = [recovered_record(x.entry, x.mark) for x in live.values() if x.entry.id not in closed]
+        cut_off = [x for x in live.values() if x.entry.id not in closed]
+        orphans = [recovered_record(x.entry, x.mark) for x in cut_off]
+        self.recovered_entries = [x.entry for x in cut_off]
         self._live = {}
         if orphans:
             data = b"".join(_encoder.encode(CloseEntry(r)) + b"\n" for r in orphans)

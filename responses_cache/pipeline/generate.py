@@ -28,8 +28,12 @@ Emit = Callable[[ev.Event], Awaitable[None]]
 
 
 class OutputBuilder:
-    def __init__(self, emit: Emit, stream_id: str | None) -> None:
+    def __init__(
+        self, emit: Emit, stream_id: str | None, seal_reasoning: Callable[[Reasoning], Reasoning] | None = None
+    ) -> None:
         self._emit = emit
+        #: Applied to each reasoning item as it is closed (``encrypted_content``).
+        self._seal_reasoning = seal_reasoning
         self._stream_id = stream_id
         self._seq = 0
         self.output: list[WireItem] = []
@@ -140,6 +144,8 @@ class OutputBuilder:
         elif kind == "reasoning":
             await self.send(ev.ReasoningTextDone(item_id=item_id, output_index=index, content_index=0, text=text))
             item = Reasoning(summary=[], id=item_id, content=[ReasoningText(text=text)], status=status)
+            if self._seal_reasoning is not None:
+                item = self._seal_reasoning(item)
         elif kind == "custom_tool_call":
             assert self._call is not None
             await self.send(ev.CustomToolCallInputDone(item_id=item_id, output_index=index, input=text))

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -216,7 +217,7 @@ class Pipeline:
         timings["render"] = t2 - t1
 
         input_context = context.extend(items)
-        out = OutputBuilder(emit, turn.lane)
+        out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
         status: Any = "completed"
         error: ResponseErrorInfo | None = None
         incomplete: IncompleteDetails | None = None
@@ -405,6 +406,30 @@ class Pipeline:
         self._observe(turn, rendered, status)
         return state
 
+    async def count_prompt(self, turn: Turn, parent: ResponseState | None, route: Route) -> int:
+        """The prompt tokens the engine would receive for ``turn`` (``POST /v1/responses/input_tokens``):
+        the turn is validated and rendered as :meth:`run` would render it — appended to the
+        parent's token log when it has one — but nothing is generated, stored or billed. Input
+        safety hooks are not run (a hook that rewrites input could change the count). The count
+        is given even past the route's context window."""
+        assert route.renderer is not None
+        try:
+            self.validator(
+                turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media
+            )
+            context = parent.conversation if parent else EMPTY
+            call = functools.partial(
+                render, route.renderer, parent, context, turn.items, turn.request.instructions, turn.tools,
+                context_window=sys.maxsize,
+            )
+            if self._render_size(parent, turn.items) >= self.offload_chars:
+                rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+            else:
+                rendered = call()
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        return rendered.log.num_tokens + len(route.renderer.generation_prompt)
+
     def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -586,6 +611,7 @@ class Pipeline:
             cached_tokens=min(cached, prompt),
             transport=turn.transport,
             previous_response_id=turn.request.previous_response_id,
+            background=turn.request.background,
         )
 
     @staticmethod
@@ -644,6 +670,7 @@ class Pipeline:
             top_p=r.top_p,
             previous_response_id=r.previous_response_id,
             store=r.store,
+            background=r.background,
             completed_at=int(self.clock()) if status == "completed" else None,
             max_output_tokens=r.max_output_tokens,
             max_tool_calls=r.max_tool_calls,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..protocol.items import Item
+from ..protocol.items import Item, Reasoning
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
 from .append import AppendChannel
@@ -39,6 +40,9 @@ class Turn:
     interrupt: Interrupt | None = None
     #: Set by the WebSocket session for a response that opted in to ``response.append``.
     append: AppendChannel | None = None
+    #: Seals each finished reasoning item's text into its ``encrypted_content``
+    #: (``include: ["reasoning.encrypted_content"]``; see :mod:`responses_cache.encrypted_reasoning`).
+    seal_reasoning: Callable[[Reasoning], Reasoning] | None = None
 
     @property
     def model(self) -> str:

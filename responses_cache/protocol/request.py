@@ -101,6 +101,15 @@ def decode_create(body: bytes | str) -> CreateResponse:
     return request
 
 
+def decode_count(body: bytes | str) -> CreateResponse:
+    """Decode a ``POST /v1/responses/input_tokens`` body: a create body whose ``model`` may be
+    left out (the server's default model then)."""
+    request = decode(_create_decoder, body)
+    for name in _FREE_FORM:
+        check_depth(getattr(request, name), name)
+    return request
+
+
 def decode_input(raw: msgspec.Raw | bytes) -> list[Item]:
     """Decode ``input``: a string (one user message) or an array of items."""
     data = bytes(raw)
