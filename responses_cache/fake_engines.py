@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,8 +111,13 @@ class Behaviour:
     status: int | None = None
     message: str = "error"
     retry_after: str | None = None
-    #: After this many chunks, stall until the client goes away.
+    #: After this many chunks, stall until the client goes away (or, with ``gate``, go on one
+    #: chunk per release of the gate).
     hang_after: int | None = None
+    #: Released (from any thread) once per further chunk after ``hang_after``: a test orders the
+    #: engine's next chunk after something it saw (a steer accepted) instead of racing it, and a
+    #: stream the client never closes stays stalled (never counted as completed).
+    gate: threading.Semaphore | None = None
 
 
 @dataclass
@@ -245,8 +251,7 @@ class FakeEngine:
         """A ``/v1/completions`` stream's choices, one per chunk (``stop_field``: the engine's name
         for the stop id that ended it); an error chunk (already framed, as bytes) ends it."""
         for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
-            if behaviour.hang_after is not None and i == behaviour.hang_after:
-                await self._hang()
+            await self._hang(behaviour, i)
             if behaviour.error_after is not None and i == behaviour.error_after:
                 yield _sse(self._error_body(500, behaviour.message)) + b"data: [DONE]\n\n"
                 return
@@ -260,8 +265,16 @@ class FakeEngine:
                 choice["token_ids"] = chunk
             yield choice
 
-    async def _hang(self) -> None:
-        await asyncio.sleep(3600)
+    async def _hang(self, behaviour: Behaviour, i: int) -> None:
+        """Before chunk ``i``: stall as ``behaviour`` says (cancelled when the client goes away)."""
+        if behaviour.hang_after is None or i < behaviour.hang_after:
+            return
+        if behaviour.gate is None:
+            if i == behaviour.hang_after:
+                await asyncio.sleep(3600)
+            return
+        while not behaviour.gate.acquire(blocking=False):  # polled: a thread would outlive the client
+            await asyncio.sleep(0.005)
 
     def _texts(self, chunks: list[list[int]], stop_ids: Sequence[int], keep_special: bool, hold_back: bool) -> list[str]:
         """Each chunk's text as an incremental detokenizer gives it (stop token left out)."""
@@ -381,8 +394,7 @@ class FakeVllm(FakeEngine):
 
         async def frames() -> AsyncIterator[bytes]:
             for i, chunk in enumerate(chunks):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse(self._error_body(500, behaviour.message))
                     yield b"data: [DONE]\n\n"
@@ -495,8 +507,7 @@ class FakeSglang(FakeEngine):
         async def frames() -> AsyncIterator[bytes]:
             text, out = "", list[int]()
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message}})
                     yield b"data: [DONE]\n\n"
@@ -666,8 +677,7 @@ class FakeCerebras(FakeEngine):
 
         async def frames() -> AsyncIterator[bytes]:
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})
@@ -717,8 +727,7 @@ class FakeCerebras(FakeEngine):
                 deltas += [{"tool_calls": [{"index": n, "function": {"arguments": arguments[i : i + 8]}}]}
                            for i in range(0, len(arguments), 8)]
             for i, delta in enumerate(deltas):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})

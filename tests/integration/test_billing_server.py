@@ -40,7 +40,7 @@ class GatedSink:
 
 def _recv_until(ws: Any, *types: str) -> dict[str, Any]:
     while True:
-        event = json.loads(ws.recv())
+        event = json.loads(ws.recv(timeout=30))
         if event["type"] in types:
             return dict(event)
 
@@ -129,7 +129,7 @@ def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
                         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "go",
                                             "previous_response_id": previous}))
                         while True:
-                            event = json.loads(ws.recv())
+                            event = json.loads(ws.recv(timeout=30))
                             if event["type"] == "response.created":
                                 with lock:
                                     seen.add(event["response"]["id"])

@@ -23,7 +23,7 @@ def _load(name: str) -> Any:
 
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "sim-1", **body}))
-    while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "response.failed", "error"):
+    while (event := json.loads(ws.recv(timeout=30)))["type"] not in ("response.completed", "response.failed", "error"):
         pass
     return dict(event)
 
