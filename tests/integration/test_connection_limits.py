@@ -28,6 +28,13 @@ from responses_cache.serving import ConnectionLimits, uvicorn_config
 from responses_cache.websocket import WebSocketMode
 
 
+def _wait_started(instance: uvicorn.Server, thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 15
+    while not instance.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+
+
 def _protocols() -> list[Any]:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -50,10 +57,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
+    _wait_started(instance, thread)
     yield "127.0.0.1", port
     instance.should_exit = True
     thread.join(10)
@@ -178,10 +182,7 @@ def test_a_websocket_peer_that_stops_reading_loses_its_socket() -> None:
     instance = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
+    _wait_started(instance, thread)
     try:
         sock = _upgrade(port, rcvbuf=4096)
         for lane in range(8):  # far more output than the socket buffers hold; never read
