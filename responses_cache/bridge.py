@@ -15,6 +15,12 @@ Credentials: the upgrade is authorized by asking the app (``GET /v1/models`` wit
 the wrapped app's own authentication keeps working. A refusal before streaming (any status but
 200) reaches the client as an ``error`` with the app's status and message.
 
+In-process requests carry what the server and the host app put into a real request's scope and
+handlers read: the host application (``scope["app"]``: ``request.app.state``, as FastAPI apps and
+vLLM's handlers use it) and the lifespan state (``scope["state"]``: ``request.state``). Under
+``app.add_middleware(WebSocketMode)`` the wrapped app is the host's inner stack, which does not
+set them itself; they are taken from the upgrade's own scope (:class:`HostScope`).
+
 Needs the ``bridge`` extra (``httpx`` and ``httpx-sse``).
 """
 
@@ -55,10 +61,38 @@ from .runtime import Service
 _FORWARDED = ("authorization",)
 
 
+class HostScope:
+    """What a request's scope gets from the server and the host app, for in-process requests.
+
+    :meth:`observe` takes it from a scope the host passed down (the upgrade's): the host
+    application (``"app"``, set by Starlette/FastAPI on every scope before their middleware
+    runs) and the lifespan state (``"state"``, which servers copy into every request). Each
+    in-process request gets the app as is and its own shallow copy of the state, as a server
+    gives each request."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+        self.state: dict[str, Any] | None = None
+
+    def observe(self, scope: Mapping[str, Any]) -> None:
+        if scope.get("app") is not None:
+            self.app = scope["app"]
+        if isinstance(scope.get("state"), dict):
+            self.state = scope["state"]
+
+    def apply(self, scope: dict[str, Any]) -> None:
+        if self.app is not None:
+            scope["app"] = self.app
+        if self.state is not None:
+            scope["state"] = dict(self.state)
+
+
 class _Exchange:
     """One in-process ASGI HTTP request whose response body is read as it streams."""
 
-    def __init__(self, app: ASGIApp, method: str, path: str, headers: Mapping[str, str], body: bytes) -> None:
+    def __init__(
+        self, app: ASGIApp, method: str, path: str, headers: Mapping[str, str], body: bytes, host: HostScope
+    ) -> None:
         self.app = app
         self.scope: dict[str, Any] = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
@@ -66,6 +100,7 @@ class _Exchange:
             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 80),
         }
+        host.apply(self.scope)
         self.body = body
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -134,7 +169,8 @@ class AppBackend:
     given (its own store). ``None`` (default): find out by asking once, with an id that cannot
     exist: an app that answers with an error has looked it up; one that answers 2xx ignored it.
     An uncached ``previous_response_id`` is handed to the app only when it resolves ids;
-    otherwise the client gets ``previous_response_not_found``, never a reply without its context."""
+    otherwise the client gets ``previous_response_not_found``, never a reply without its context.
+    ``host``: what each request's scope gets from the host (see :class:`HostScope`)."""
 
     accepts_media = True
 
@@ -145,8 +181,10 @@ class AppBackend:
         path: str = "/v1/responses",
         models: Sequence[str] = (),
         resolves_previous_response_ids: bool | None = None,
+        host: HostScope | None = None,
     ) -> None:
         self.app = app
+        self.host = host or HostScope()
         self.path = path
         self._models = list(models)
         self.resolves_ids = resolves_previous_response_ids
@@ -177,7 +215,7 @@ class AppBackend:
     async def open_stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         """Send the request and wait for the app's answer to begin: a refusal (any status but
         200, or an exception) is raised here, before the response exists, as the app's error."""
-        exchange = _Exchange(self.app, "POST", self.path, self._headers(request.headers, stream=True), self._body(request))
+        exchange = _Exchange(self.app, "POST", self.path, self._headers(request.headers, stream=True), self._body(request), self.host)
         try:
             await exchange.start()
             if exchange.status != 200:
@@ -227,7 +265,7 @@ class AppBackend:
             "model": model, "input": "ping", "previous_response_id": f"resp_responses_cache_probe_{secrets.token_hex(12)}",
             "store": False, "stream": False, "max_output_tokens": 16,
         })
-        exchange = _Exchange(self.app, "POST", self.path, self._headers(headers, stream=False), probe)
+        exchange = _Exchange(self.app, "POST", self.path, self._headers(headers, stream=False), probe, self.host)
         try:
             await exchange.start()
             body = await exchange.read()
@@ -333,13 +371,14 @@ class AppAuthenticator:
     ``Authorization`` header: admitted only on a 2xx answer; the tenant is derived from that
     credential."""
 
-    def __init__(self, app: ASGIApp, *, path: str = "/v1/models") -> None:
+    def __init__(self, app: ASGIApp, *, path: str = "/v1/models", host: HostScope | None = None) -> None:
         self.app = app
+        self.host = host or HostScope()
         self.path = path
 
     async def authenticate(self, headers: Mapping[str, str]) -> str | None:
         forwarded = {k: headers[k] for k in _FORWARDED if k in headers}
-        exchange = _Exchange(self.app, "GET", self.path, forwarded, b"")
+        exchange = _Exchange(self.app, "GET", self.path, forwarded, b"", self.host)
         try:
             await exchange.start()
             await exchange.read()
@@ -353,21 +392,25 @@ class AppAuthenticator:
         return "bridge-" + hashlib.sha256(credential.encode()).hexdigest()[:12] if credential else "default"
 
 
-def bridge_service(app: ASGIApp, *, resolves_previous_response_ids: bool | None = None) -> Service:
+def bridge_service(
+    app: ASGIApp, *, resolves_previous_response_ids: bool | None = None, host: HostScope | None = None
+) -> Service:
     """A service whose every turn is forwarded to ``app``'s own ``POST /v1/responses``; upgrades
-    are authorized by ``app`` (:class:`AppAuthenticator`)."""
+    are authorized by ``app`` (:class:`AppAuthenticator`). ``host``: what each in-process
+    request's scope gets from the host (:class:`HostScope`, observed by ``WebSocketMode``)."""
     from .metrics import NullMetrics
     from .pipeline.pipeline import Pipeline
     from .routing import Route, StaticRouter
     from .service import ResponsesService
     from .session import SessionConfig
 
-    backend = AppBackend(app, resolves_previous_response_ids=resolves_previous_response_ids)
+    host = host or HostScope()
+    backend = AppBackend(app, resolves_previous_response_ids=resolves_previous_response_ids, host=host)
     route = Route(name="bridge", model="*", backend=backend, renderer=None)
     core = ResponsesService(StaticRouter({}, default=route), Pipeline(), None, delegate_misses=backend)
     return Service(
         core=core,
-        authenticator=AppAuthenticator(app),
+        authenticator=AppAuthenticator(app, host=host),
         session=SessionConfig(),
         metrics=NullMetrics(),
     )

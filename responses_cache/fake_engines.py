@@ -16,6 +16,66 @@ Inference API as its SDK 1.91 models it), including the parts an adapter most ea
 The sampled output is scripted as text with the template's special tokens (``script``), encoded
 with the given tiktoken encoding. Cached tokens are counted as vLLM's prefix cache would: the
 longest block-aligned prefix shared with an earlier prompt of the same ``cache_salt``.
+
+Where each modelled behaviour comes from (paths inside the released wheels: ``vllm/`` of vLLM
+0.33.0, ``sglang/srt/`` of SGLang 0.5.23; for Cerebras, the API reference and the
+``cerebras_cloud_sdk`` 1.91 types). Behaviours a CPU build of vLLM can show are meant to be
+compared with a live engine by the real-engine suite; the Cerebras ones marked *assumed* cannot
+be checked without an API key.
+
+vLLM 0.33.0 (:class:`FakeVllm`)
+
+* ``/v1/completions`` request fields, token-id prompts (non-negative ints), ``return_token_ids``
+  (each chunk's new ``token_ids``, ``prompt_token_ids`` in the first), ``stop_reason``:
+  ``vllm/entrypoints/openai/completion/protocol.py`` (``CompletionRequest``) and ``serving.py``.
+* ``/inference/v1/generate`` (``token_ids``, ``sampling_params``, chunks with
+  ``choices[].token_ids``): ``vllm/entrypoints/.../token_in_token_out/``.
+* Unknown fields accepted and ignored: ``OpenAIBaseModel`` (``extra="allow"``) in the
+  ``vllm/entrypoints/openai`` protocol models. ``stream_options`` without ``stream`` is
+  rejected (400) by ``CompletionRequest``'s validator.
+* The stop token kept in ``token_ids`` but left out of ``text``; text held back across chunks by
+  incremental detokenization: ``vllm/v1/engine/detokenizer.py``.
+* Finish reasons ``stop``/``length``/``abort``/``error``/``repetition``:
+  ``vllm/v1/engine/__init__.py`` (``FinishReason``). An error mid-stream is a
+  ``data: {"error": {"message", "type", "param", "code"}}`` chunk; HTTP errors are
+  ``{"error": {...}}`` with the status (400 for the context length).
+* Cached tokens only with ``--enable-prompt-tokens-details`` (``report_cached``), only in the
+  final usage chunk (``stream_options.include_usage``).
+* The prefix cache: whole blocks only (``block_size``, 16 by default), ``cache_salt`` mixed into
+  the first block's hash so that prompts with another salt never hit
+  (``vllm/v1/core/kv_cache_utils.py``, ``generate_block_hash_extra_keys``), and the last prompt
+  token always computed (``vllm/v1/core/kv_cache_manager.py``, ``get_computed_blocks``).
+* ``/tokenize`` (``prompt`` → ``count``, ``max_model_len``, ``tokens``) and ``/v1/models`` (with
+  ``max_model_len``), as ``vllm serve`` answers them.
+
+SGLang 0.5.23 (:class:`FakeSglang`)
+
+* ``/generate`` frames ``{text, output_ids, meta_info: {id, finish_reason: {type, matched},
+  prompt_tokens, completion_tokens, cached_tokens}}``, **cumulative** unless the server runs
+  with ``--incremental-streaming-output`` (``incremental_output``):
+  ``sglang/srt/entrypoints/http_server.py`` (``generate_request``),
+  ``sglang/srt/managers/tokenizer_manager.py``, ``sglang/srt/server_args.py``.
+* ``/generate`` errors: HTTP 400 ``{"error": {"message"}}`` (``http_server.py``,
+  ``_create_error_response``), and the same object as a chunk mid-stream.
+* ``/v1/completions``: ``matched_stop`` (not ``stop_reason``), errors as top-level
+  ``{"object": "error", "message", "type", "param", "code"}``, unknown fields dropped:
+  ``sglang/srt/entrypoints/openai/protocol.py`` and ``serving_completions.py``. Cached tokens in
+  usage only with ``--enable-cache-report``.
+
+The Cerebras Inference API (:class:`FakeCerebras`)
+
+* ``/v1/completions`` with an array of ints as ``prompt`` and ``return_raw_tokens``
+  (``choices[].tokens``), no ``stop_token_ids``, at most 4 ``stop`` strings: the SDK's
+  ``types/completion_create_params.py``.
+* Usage and ``time_info`` only in the last chunk, SSE ending in ``[DONE]``; errors as
+  ``{"message", "type", "param", "code"}`` with ``x-ratelimit-*`` headers; ``/v1/tcp_warming``
+  called by the SDK's client constructor (``warm_tcp_connection``): the API reference and the
+  SDK's client and error types.
+* Prompt caching in 128-token blocks (``block_size``): the API's prompt-caching guide.
+* *Assumed* (not documented for streaming completions, not confirmable without a key):
+  ``return_raw_tokens`` honoured while streaming (``raw_tokens=False`` turns it off) and
+  special tokens appearing in ``text`` (``special_tokens_in_text=False`` turns it off); the
+  adapter's tests run with them off as well (``adapters/cerebras/tests/test_cerebras.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +83,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,8 +171,13 @@ class Behaviour:
     status: int | None = None
     message: str = "error"
     retry_after: str | None = None
-    #: After this many chunks, stall until the client goes away.
+    #: After this many chunks, stall until the client goes away (or, with ``gate``, go on one
+    #: chunk per release of the gate).
     hang_after: int | None = None
+    #: Released (from any thread) once per further chunk after ``hang_after``: a test orders the
+    #: engine's next chunk after something it saw (a steer accepted) instead of racing it, and a
+    #: stream the client never closes stays stalled (never counted as completed).
+    gate: threading.Semaphore | None = None
 
 
 @dataclass
@@ -245,8 +311,7 @@ class FakeEngine:
         """A ``/v1/completions`` stream's choices, one per chunk (``stop_field``: the engine's name
         for the stop id that ended it); an error chunk (already framed, as bytes) ends it."""
         for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
-            if behaviour.hang_after is not None and i == behaviour.hang_after:
-                await self._hang()
+            await self._hang(behaviour, i)
             if behaviour.error_after is not None and i == behaviour.error_after:
                 yield _sse(self._error_body(500, behaviour.message)) + b"data: [DONE]\n\n"
                 return
@@ -260,8 +325,16 @@ class FakeEngine:
                 choice["token_ids"] = chunk
             yield choice
 
-    async def _hang(self) -> None:
-        await asyncio.sleep(3600)
+    async def _hang(self, behaviour: Behaviour, i: int) -> None:
+        """Before chunk ``i``: stall as ``behaviour`` says (cancelled when the client goes away)."""
+        if behaviour.hang_after is None or i < behaviour.hang_after:
+            return
+        if behaviour.gate is None:
+            if i == behaviour.hang_after:
+                await asyncio.sleep(3600)
+            return
+        while not behaviour.gate.acquire(blocking=False):  # polled: a thread would outlive the client
+            await asyncio.sleep(0.005)
 
     def _texts(self, chunks: list[list[int]], stop_ids: Sequence[int], keep_special: bool, hold_back: bool) -> list[str]:
         """Each chunk's text as an incremental detokenizer gives it (stop token left out)."""
@@ -404,8 +477,7 @@ class FakeVllm(FakeEngine):
 
         async def frames() -> AsyncIterator[bytes]:
             for i, chunk in enumerate(chunks):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse(self._error_body(500, behaviour.message))
                     yield b"data: [DONE]\n\n"
@@ -464,7 +536,8 @@ class FakeVllm(FakeEngine):
 class FakeSglang(FakeEngine):
     """SGLang 0.5.23: ``/generate`` (cumulative frames unless ``incremental_output``,
     ``--incremental-streaming-output``), ``/v1/completions`` (``matched_stop``, errors as
-    ``{"object": "error", ...}``), ``/v1/tokenize``, ``/v1/models``, ``/health``."""
+    ``{"object": "error", ...}``), ``/v1/tokenize``, ``/v1/models``, ``/health``. Sources: the
+    module docstring."""
 
     fields = {"/generate": SGLANG_GENERATE_FIELDS, "/v1/completions": SGLANG_COMPLETIONS_FIELDS,
               "/v1/tokenize": frozenset({"model", "prompt", "add_special_tokens"})}
@@ -519,8 +592,7 @@ class FakeSglang(FakeEngine):
         async def frames() -> AsyncIterator[bytes]:
             text, out = "", list[int]()
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message}})
                     yield b"data: [DONE]\n\n"
@@ -619,7 +691,8 @@ class FakeCerebras(FakeEngine):
     → ``choices[].tokens``; no ``stop_token_ids``, at most 4 ``stop`` strings),
     ``/v1/chat/completions`` (``reasoning`` in deltas, ``clear_thinking``), ``/v1/models``,
     ``/v1/tcp_warming``; ``x-ratelimit-*`` headers; usage and ``time_info`` only in the last chunk;
-    errors mid-stream as ``{"error": {...}, "status_code": N}``."""
+    errors mid-stream as ``{"error": {...}, "status_code": N}``. Sources, and the two assumed
+    behaviours: the module docstring."""
 
     fields = {"/v1/completions": CEREBRAS_COMPLETIONS_FIELDS, "/v1/chat/completions": CEREBRAS_CHAT_FIELDS}
     nested = {"/v1/completions": {"stream_options": frozenset({"include_usage"})},
@@ -690,8 +763,7 @@ class FakeCerebras(FakeEngine):
 
         async def frames() -> AsyncIterator[bytes]:
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})
@@ -741,8 +813,7 @@ class FakeCerebras(FakeEngine):
                 deltas += [{"tool_calls": [{"index": n, "function": {"arguments": arguments[i : i + 8]}}]}
                            for i in range(0, len(arguments), 8)]
             for i, delta in enumerate(deltas):
-                if behaviour.hang_after is not None and i == behaviour.hang_after:
-                    await self._hang()
+                await self._hang(behaviour, i)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})

@@ -1,17 +1,28 @@
 """Running an app under uvicorn with every connection limit set (see ``docs/limits.md``).
 
 uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 503 past a
-concurrency cap (``limit_concurrency``), but it gives a connection that never completes a
-request's headers (a bare TCP connect, a request line sent byte by byte) all the time it wants.
-:func:`header_timeout_protocol` adds that timeout to uvicorn's HTTP protocol (httptools or h11,
-as uvicorn would choose): a connection that has
-not completed a request's headers within ``header_timeout_s`` of connecting (or of its previous
-response) is closed.
+concurrency cap (``limit_concurrency``), but three gaps are left, which this module's protocols
+close:
+
+* a connection that never completes a request's headers (a bare TCP connect, a request line sent
+  byte by byte) gets all the time it wants. :func:`header_timeout_protocol` adds that timeout to
+  uvicorn's HTTP protocol (httptools or h11, as uvicorn would choose): a connection that has not
+  completed a request's headers within ``header_timeout_s`` of connecting (or of its previous
+  response) is closed;
+* the concurrency cap is checked for HTTP requests only: a WebSocket upgrade is never refused. The
+  same protocol refuses an upgrade with 503 by the same rule uvicorn applies to a request;
+* a WebSocket peer that stops reading keeps its socket, and the bytes queued for it, for as long
+  as the kernel lets it, even after the server closed its side (an orderly close waits for the
+  data to be taken). :func:`linger_abort_protocol` gives it ``linger_s`` to take them and then
+  aborts the TCP connection (RST): the socket and its buffers are freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from typing import Any
 
 import uvicorn
@@ -33,7 +44,8 @@ def _http_protocol() -> type[H11Protocol]:
 
 def header_timeout_protocol(header_timeout_s: float, base: type[H11Protocol] | None = None) -> type[H11Protocol]:
     """uvicorn's HTTP protocol (``base``; default: httptools when installed, else h11), closing
-    connections whose request head does not arrive in time."""
+    connections whose request head does not arrive in time, and answering a WebSocket upgrade
+    past the concurrency cap (``limit_concurrency``) with 503 instead of upgrading."""
 
     class HeaderTimeoutProtocol(base or _http_protocol()):  # type: ignore[misc]
         _header_timer: asyncio.TimerHandle | None = None
@@ -70,15 +82,104 @@ def header_timeout_protocol(header_timeout_s: float, base: type[H11Protocol] | N
                 return  # a request head arrived since the timer was set
             transport.close()
 
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            # uvicorn's rule for a request, applied to the upgrade (this connection included).
+            limit = self.limit_concurrency
+            if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+                self.logger.warning("Exceeded concurrency limit: WebSocket upgrade refused.")
+                body = b"Service Unavailable"
+                self.transport.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+                )
+                self.transport.close()
+                return
+            super().handle_websocket_upgrade(*args)
+
     return HeaderTimeoutProtocol
+
+
+def _unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written to ``transport`` that its peer has not acknowledged: the transport's own buffer
+    and, where the platform tells (Linux ``TIOCOUTQ``), the kernel's send queue."""
+    held = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return held
+    with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
+        import fcntl  # POSIX only
+        import termios
+
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
+        held += struct.unpack("i", queued)[0]
+    return held
+
+
+class _AbortiveClose:
+    """A transport whose ``close`` gives the peer ``linger_s`` to take what is still unsent, then
+    aborts with RST (``SO_LINGER`` 0) instead of leaving the bytes to the kernel.
+
+    An orderly close of a socket with data queued hands that data to the kernel, which keeps the
+    socket (FIN-WAIT-1) and keeps offering it to a peer that does not read for minutes; ``abort``
+    alone closes the same way. With ``SO_LINGER`` 0 the kernel sends RST and frees both at once."""
+
+    _POLL_S = (0.01, 1.0)  # first and longest wait between checks while the peer takes the rest
+
+    def __init__(self, transport: asyncio.Transport, linger_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._linger_s = linger_s
+        self._loop = loop
+        self._closing = False
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._transport.is_closing():
+            self._transport.close()
+            return
+        self._deadline = self._loop.time() + self._linger_s
+        self._check(self._POLL_S[0])
+
+    def _check(self, wait: float) -> None:
+        self._timer = None
+        if self._transport.is_closing():
+            return  # lost meanwhile
+        left = self._deadline - self._loop.time()
+        if _unsent_bytes(self._transport) == 0:
+            self._transport.close()  # the peer has everything: an orderly close
+        elif left <= 0:
+            self.abort()
+        else:
+            self._timer = self._loop.call_later(min(wait, left), self._check, min(2 * wait, self._POLL_S[1]))
+
+    def abort(self) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
 
 
 def linger_abort_protocol(linger_s: float, base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
     """uvicorn's WebSocket protocol (``base``; default: the one uvicorn would pick), aborting the
-    TCP connection when the peer has not taken the last bytes ``linger_s`` after the app is done.
+    TCP connection (RST) when the peer has not taken the last bytes ``linger_s`` after the server
+    closed the connection.
 
-    uvicorn only ever *closes* a transport, and a closing transport waits for its write buffer to
-    drain, so a peer that stops reading keeps its socket established (and its buffer held) for as
+    uvicorn only ever *closes* a transport, and an orderly close leaves what is unsent to the
+    kernel, so a peer that stops reading keeps its socket (and the bytes queued for it) for as
     long as the kernel lets it. ``WebSocketMode`` aborts such a connection on its side (its state
     is freed at once); this drops the socket too."""
     from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
@@ -88,14 +189,11 @@ def linger_abort_protocol(linger_s: float, base: type[asyncio.Protocol] | None =
         raise RuntimeError("uvicorn has no WebSocket implementation available (install websockets)")
 
     class LingerAbortProtocol(chosen):  # type: ignore[valid-type,misc]
-        async def run_asgi(self) -> None:
-            try:
-                await super().run_asgi()
-            finally:
-                transport = self.transport
-                if transport is not None:
-                    # Aborting a transport that has closed by then is a no-op.
-                    self.loop.call_later(linger_s, transport.abort)
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            # Every close uvicorn makes (the app done, a close handshake, a ping timeout) goes
+            # through the wrapper.
+            self.transport = _AbortiveClose(transport, linger_s, asyncio.get_running_loop())
 
     return LingerAbortProtocol
 

@@ -38,13 +38,14 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     #: Seconds an idle keep-alive HTTP connection stays open between requests.
     keep_alive_s: int = 5
-    #: Connections (HTTP and WebSocket together) served at once; beyond it, new requests get 503.
+    #: Connections (HTTP and WebSocket together) served at once; beyond it, new requests and
+    #: WebSocket upgrades get 503.
     max_connections: int = 2048
     #: WebSocket pings: interval, and how long a pong may take before the connection is dropped.
     ws_ping_interval_s: float = 20.0
     ws_ping_timeout_s: float = 20.0
-    #: After a WebSocket's app is done, seconds its peer has to take the last bytes before the
-    #: TCP connection is aborted (a peer that stopped reading).
+    #: After the server closes a WebSocket, seconds its peer has to take the last bytes before the
+    #: TCP connection is aborted with RST (a peer that stopped reading).
     ws_linger_s: float = 30.0
 
 

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,6 +42,9 @@ from .routing import RouteCache
 from .runtime import Service
 from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
+
+if TYPE_CHECKING:
+    from .bridge import HostScope  # the bridge's extra is imported only in bridge mode
 
 logger = logging.getLogger("responses_cache.websocket")
 _LARGE_FRAME = 64 * 1024
@@ -75,10 +79,13 @@ class WebSocketMode:
         resolves_previous_response_ids: bool | None = None,
     ) -> None:
         self.app = app
+        #: The bridge's view of the host's scope (``None`` in native mode).
+        self._host: HostScope | None = None
         if service is None:
-            from .bridge import bridge_service
+            from .bridge import HostScope, bridge_service
 
-            service = bridge_service(app, resolves_previous_response_ids=resolves_previous_response_ids)
+            self._host = HostScope()
+            service = bridge_service(app, resolves_previous_response_ids=resolves_previous_response_ids, host=self._host)
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
         self.outbound_queue = outbound_queue
@@ -114,6 +121,8 @@ class WebSocketMode:
         if scope["type"] != "websocket" or self._path(scope) not in self.paths:
             await self.app(scope, receive, send)
             return
+        if self._host is not None:
+            self._host.observe(scope)  # before the app is asked anything (authorization included)
         websocket = WebSocket(scope, receive, send)
         try:
             tenant = await self.service.authenticator.authenticate(websocket.headers)

@@ -24,12 +24,14 @@ from responses_cache.billing import (
     Biller,
     CallableSink,
     JournalLocked,
+    JsonlSink,
     OpenEntry,
     UsageJournal,
     UsageRecord,
+    decode_record,
 )
 
-from .conftest import MemorySink, ids, journal_ids, make_record, wait_until
+from .conftest import MemorySink, SinkDown, ids, journal_ids, make_record, wait_until
 
 # -- batching and overlap --------------------------------------------------------------------
 
@@ -136,17 +138,40 @@ async def test_sink_down_for_many_batches_then_back(
         assert journal_path.stat().st_size == 0  # all delivered, no response open: truncated
 
 
-async def test_ambiguous_failures_are_deduplicated_by_id(sink: MemorySink) -> None:
-    """A write that stored half its batch and then failed is retried whole."""
-    sink.partial = True
-    sink.fail_next = 6
+class HalfThenFail:
+    """In front of a real sink: the first ``failures`` writes store half their batch there and then
+    fail (an ambiguous failure: the Biller cannot know what was stored)."""
+
+    def __init__(self, inner: JsonlSink, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.offered: list[str] = []
+
+    async def write(self, records: Sequence[UsageRecord]) -> None:
+        self.offered += [r.response_id for r in records]
+        if self.failures > 0:
+            self.failures -= 1
+            await self.inner.write(records[: len(records) // 2])
+            raise SinkDown("stored half, then failed")
+        await self.inner.write(records)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_ambiguous_failures_are_deduplicated_by_id(tmp_path: Path) -> None:
+    """A write that stored half its batch and then failed is retried whole (at-least-once), and
+    the sink's dedupe by ``response_id`` stores each record once (exactly-once)."""
+    path = tmp_path / "usage.jsonl"
+    sink = HalfThenFail(JsonlSink(path, fsync=False), failures=6)
     async with Biller(sink, batch_size=10, flush_interval=0, retry_interval=0.001) as biller:
         for i in range(100):
             biller.submit(make_record(i))
         while not await biller.flush():
             pass
-    assert sink.unique == ids(100)
-    assert sink.duplicates()  # at-least-once: the sink's dedupe makes it exactly-once
+    assert len(sink.offered) > 100  # the half-stored batches were offered again
+    stored = [decode_record(line).response_id for line in path.read_bytes().splitlines()]
+    assert sorted(stored) == sorted(ids(100))  # each exactly once
 
 
 async def test_sink_exceptions_of_any_type_are_failures(tmp_path: Path) -> None:

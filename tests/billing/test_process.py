@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from responses_cache.billing import Biller, decode_record
+from responses_cache.billing import Biller, JsonlSink, decode_record
 
 from .conftest import MemorySink, ids, journal_ids
 
@@ -110,8 +111,20 @@ def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
     assert submitted >= 2000
 
     in_sink = [decode_record(line).response_id for line in sink_path.read_bytes().splitlines()]
-    assert len(in_sink) == len(set(in_sink))  # JsonlSink dedupes by id
+    assert len(in_sink) == len(set(in_sink))  # each record once
     assert set(in_sink) | set(journal_ids(journal_path)) == ids(submitted)
+
+    # A restart that re-delivers records the file already holds (their ack lost in a crash): the
+    # sink, reopened, dedupes them by id against the ids at the end of its file.
+    stored = [decode_record(line) for line in sink_path.read_bytes().splitlines()]
+
+    async def redeliver() -> None:
+        sink = JsonlSink(sink_path)
+        await sink.write(stored[-100:])
+        await sink.close()
+
+    asyncio.run(redeliver())
+    assert [decode_record(line).response_id for line in sink_path.read_bytes().splitlines()] == in_sink
 
 
 async def test_records_journaled_before_sigkill_are_delivered_after_restart(

@@ -12,8 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from strategies import conversations
 
 from responses_cache.pipeline.hooks import HookRunner
+from responses_cache.protocol.errors import ResponsesError
 from responses_cache.protocol.items import Item, Message
 from responses_cache.safety import ModerationHook, PatternPolicy, SecretDetector
+from responses_cache.safety.base import texts_of
 from responses_cache.testing import TEST_CONTEXT, check_hook_equivalence
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -84,7 +86,8 @@ def test_equivalence_holds_when_flagged_turns_are_kept(conversation: list[list[I
 @given(conversation=conversations)
 def test_runner_hydration_equals_carried_state(conversation: list[list[Item]]) -> None:
     """A parent without the hook's state (hydrated from storage) gets the full history: the
-    runner's verdict then equals the one with carried state."""
+    runner's verdict then equals the one with carried state, and both equal what counting the
+    keyword over the whole conversation says (so a runner that always refuses cannot pass)."""
     import asyncio
 
     from responses_cache.conversation import EMPTY
@@ -95,24 +98,22 @@ def test_runner_hydration_equals_carried_state(conversation: list[list[Item]]) -
         history = EMPTY
         states: dict[str, Any] = {}
         for new in conversation:
-            carried_err = hydrated_err = None
-            try:
-                _, carried_states = await runner.run_before(
-                    TEST_CONTEXT, list(new), states, history=history
-                )
-            except Exception as exc:
-                carried_err = exc
-            try:
-                _, hydrated_states = await runner.run_before(
-                    TEST_CONTEXT, list(new), {}, history=history
-                )
-            except Exception as exc:
-                hydrated_err = exc
-            assert (carried_err is None) == (hydrated_err is None)
-            if carried_err is not None:
+            hits = sum(hook.count(t) for item in [*history.items(), *new] for t in texts_of(item, hook.scope))
+            verdicts: list[tuple[str | None, str] | int] = []
+            carried = states
+            for start in (states, {}):  # the carried state, then none (hydrated from the history)
+                try:
+                    _, after = await runner.run_before(TEST_CONTEXT, list(new), start, history=history)
+                except ResponsesError as exc:
+                    verdicts.append((exc.code, exc.message))
+                else:
+                    verdicts.append(after[hook.name].hits)
+                    carried = after if start is states else carried
+            if hits >= hook.threshold:
+                assert verdicts == [(hook.code, hook.message)] * 2
                 continue  # rejected: the client continues the previous response
-            assert carried_states[hook.name].hits == hydrated_states[hook.name].hits
-            states = carried_states
+            assert verdicts == [hits, hits]
+            states = carried
             history = history.extend(new)
 
     asyncio.run(run())

@@ -4,6 +4,7 @@ running response (``response.incomplete``/``content_filter``, or ``response.fail
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -58,7 +59,7 @@ async def _ws_turn(ws: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     await ws.send(json.dumps({"type": "response.create", **body}))
     events: list[dict[str, Any]] = []
     while True:
-        event = json.loads(await ws.recv())
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
         events.append(event)
         if event["type"] in (*TERMINAL, "error"):
             return events

@@ -3,6 +3,7 @@ only after its version changes); a lane's replica affinity is stable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -16,7 +17,7 @@ from responses_cache.testing import RecordingBackend
 async def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     await ws.send(json.dumps({"type": "response.create", "model": "sim-1", **body}))
     while True:
-        event = json.loads(await ws.recv())
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
         assert event["type"] != "error", event
         if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
             response: dict[str, Any] = event["response"]

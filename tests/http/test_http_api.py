@@ -245,10 +245,10 @@ def test_stored_responses_are_scoped_by_tenant(responses_cache_server_factory: A
     assert err.value.code == "previous_response_not_found"
     with connect(server.ws_url, additional_headers={"Authorization": "Bearer sk-bob"}) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "x", "previous_response_id": first.id}))
-        event = json.loads(ws.recv())
+        event = json.loads(ws.recv(timeout=30))
     assert event["type"] == "error" and event["error"]["code"] == "previous_response_not_found"
     with connect(server.ws_url, additional_headers={"Authorization": "Bearer sk-alice"}) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "x", "previous_response_id": first.id}))
-        while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "error"):
+        while (event := json.loads(ws.recv(timeout=30)))["type"] not in ("response.completed", "error"):
             pass
     assert event["type"] == "response.completed"  # hydrated from alice's store

@@ -36,7 +36,7 @@ def test_journal_entries_precede_the_events(responses_cache_server_factory: Any,
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "write a lot"}))
         while True:
-            event = json.loads(ws.recv())
+            event = json.loads(ws.recv(timeout=30))
             if event["type"] == "response.created":
                 rid = event["response"]["id"]
                 opens = [e for e in _entries(journal_path) if isinstance(e, OpenEntry)]
@@ -67,7 +67,7 @@ def test_a_turn_without_a_journal_still_bills(responses_cache_server_factory: An
     server = responses_cache_server_factory(billing=biller)
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "hi"}))
-        while json.loads(ws.recv())["type"] != "response.completed":
+        while json.loads(ws.recv(timeout=30))["type"] != "response.completed":
             pass
     server.stop()
     assert [r.status for r in records] == ["completed"]

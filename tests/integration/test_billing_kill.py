@@ -91,7 +91,7 @@ def _client(port: int, seen: Seen, stop: threading.Event, hang_up: bool) -> None
                                         "previous_response_id": previous}))
                     deltas = 0
                     while True:
-                        event = json.loads(ws.recv())
+                        event = json.loads(ws.recv(timeout=30))
                         kind = event["type"]
                         if kind == "response.created":
                             with seen.lock:

@@ -38,9 +38,16 @@ class GatedSink:
         pass
 
 
+def _never_finishing() -> SimulatedEngine:
+    """A paced engine whose clock stands still: token i waits i/200 s, so it keeps streaming
+    while the client leaves and would need over six minutes to reach its 400th token. A
+    disconnect can only find it mid-answer (nothing is timed)."""
+    return SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400), clock=lambda: 0.0)
+
+
 def _recv_until(ws: Any, *types: str) -> dict[str, Any]:
     while True:
-        event = json.loads(ws.recv())
+        event = json.loads(ws.recv(timeout=30))
         if event["type"] in types:
             return dict(event)
 
@@ -74,7 +81,7 @@ def test_completed_reaches_client_before_slow_sink_records(responses_cache_serve
 def test_disconnect_mid_stream_bills_partial_usage(responses_cache_server_factory: Any) -> None:
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), flush_interval=0.001)
-    engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
+    engine = _never_finishing()
     server = responses_cache_server_factory(backend=engine, billing=biller)
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "write a lot"}))
@@ -120,6 +127,8 @@ def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
         seen: set[str] = set()
         lock = threading.Lock()
         stop = threading.Event()
+        terminated = threading.Event()
+        errors: list[BaseException] = []
 
         def client() -> None:
             try:
@@ -129,21 +138,26 @@ def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
                         ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "go",
                                             "previous_response_id": previous}))
                         while True:
-                            event = json.loads(ws.recv())
+                            event = json.loads(ws.recv(timeout=30))
                             if event["type"] == "response.created":
                                 with lock:
                                     seen.add(event["response"]["id"])
                             if event["type"] in ("response.completed", "response.failed", "error"):
                                 previous = event.get("response", {}).get("id")
                                 break
-            except Exception:
-                return  # the server went away: expected
+            except Exception as exc:
+                if not terminated.is_set():  # after SIGTERM the server going away is expected
+                    errors.append(exc)
 
         threads = [threading.Thread(target=client) for _ in range(4)]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 60
         while len(seen) < 200:
+            assert not errors, errors
+            assert time.monotonic() < deadline, f"only {len(seen)} responses started"
             time.sleep(0.01)
+        terminated.set()
         server.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully (lifespan stops the biller), then re-raises the signal.
         assert server.wait(30) in (0, -signal.SIGTERM)
@@ -163,7 +177,7 @@ def test_http_stream_disconnect_cancels_generation_and_bills_partial_usage(respo
 
     records: list[UsageRecord] = []
     biller = Biller(CallableSink(records.extend), flush_interval=0.001)
-    engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400))
+    engine = _never_finishing()
     server = responses_cache_server_factory(backend=engine, billing=biller)
     body = {"model": "sim-1", "input": "write a lot", "stream": True}
     with httpx.stream("POST", f"{server.http_url}/responses", json=body) as response:

@@ -78,7 +78,7 @@ def foreign_app(*, known_ids: tuple[str, ...] | None = None, refuse: tuple[int, 
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "foreign-1", **body}))
     while True:
-        event = json.loads(ws.recv())
+        event = json.loads(ws.recv(timeout=30))
         if event["type"] in ("response.completed", "response.failed", "error"):
             return dict(event)
 
@@ -209,9 +209,9 @@ def test_hosted_items_and_unknown_references_reach_the_app_as_sent(responses_cac
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, max_size=None) as ws:
         raw = '{"type":"response.create","model":"foreign-1","store":false,"input":[' + json.dumps(WEB_SEARCH) + "]}"
         ws.send(raw)
-        first = json.loads(ws.recv())
+        first = json.loads(ws.recv(timeout=30))
         while first["type"] not in ("response.completed", "response.failed", "error"):
-            first = json.loads(ws.recv())
+            first = json.loads(ws.recv(timeout=30))
         assert first["type"] == "response.completed", first
         second = _turn(
             ws, store=False, previous_response_id=first["response"]["id"],

@@ -1,6 +1,10 @@
 """``responses-cache serve``'s connection limits on real sockets: a connection that never sends a
-complete request head is closed, idle keep-alive connections are closed, WebSockets are not, and
-past the connection cap new requests get 503."""
+complete request head is closed, idle keep-alive connections are closed, WebSockets are not, past
+the connection cap new requests and upgrades get 503, and a WebSocket peer that stops reading loses
+its TCP connection to an abortive close (RST).
+
+Nothing here is timed: every wait has a deadline, and what happens in between is ordered by what
+the server did (a connection it closed, a counter it moved)."""
 
 from __future__ import annotations
 
@@ -16,11 +20,19 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.serving import ConnectionLimits, uvicorn_config
 from responses_cache.websocket import WebSocketMode
+
+
+def _wait_started(instance: uvicorn.Server, thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 15
+    while not instance.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
 
 
 def _protocols() -> list[Any]:
@@ -45,10 +57,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
+    _wait_started(instance, thread)
     yield "127.0.0.1", port
     instance.should_exit = True
     thread.join(10)
@@ -78,38 +87,92 @@ def test_an_idle_keep_alive_connection_is_closed(server: tuple[str, int]) -> Non
         assert _closed_by_server(sock)
 
 
-def test_websockets_outlive_the_header_timeout_and_the_cap_answers_503(server: tuple[str, int]) -> None:
+def _completes(ws: Any) -> bool:
+    ws.send('{"type":"response.create","model":"sim-1","input":"hi"}')
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if '"response.completed"' in ws.recv(timeout=10):
+            return True
+    return False
+
+
+def test_a_websocket_outlives_the_header_timeout(server: tuple[str, int]) -> None:
+    host, port = server
+    with connect(f"ws://{host}:{port}/v1/responses") as ws:
+        # A connection made after the upgrade is closed by the header timeout: the WebSocket's
+        # own (it connected first) would have fired by then.
+        with socket.create_connection(server) as later:
+            assert _closed_by_server(later)
+        assert _completes(ws)
+
+
+def test_past_the_cap_upgrades_and_requests_get_503(server: tuple[str, int]) -> None:
+    """The cap (three) counts WebSockets and refuses upgrades too, by uvicorn's rule for requests:
+    a request or an upgrade that would make three connections open (its own included) gets 503."""
     host, port = server
     url = f"ws://{host}:{port}/v1/responses"
     with connect(url) as first, connect(url) as second:
-        time.sleep(0.6)  # past the header timeout: an upgraded connection is not affected
-        for ws in (first, second):
-            ws.send('{"type":"response.create","model":"sim-1","input":"hi"}')
-            while True:
-                event = ws.recv(timeout=10)
-                if '"response.completed"' in event:
-                    break
-        with connect(url) as third:
-            third.send('{"type":"response.create","model":"sim-1","input":"hi"}')
-            assert third.recv(timeout=10)
-            # four connections are open now (three WebSockets and this one): past the cap of three
-            r = httpx.get(f"http://{host}:{port}/v1/models", timeout=10)
-            assert r.status_code == 503
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url)
+        assert refused.value.response.status_code == 503
+        assert httpx.get(f"http://{host}:{port}/v1/models", timeout=10).status_code == 503
+        assert _completes(first) and _completes(second)  # the ones admitted are served
+    deadline = time.monotonic() + 15  # the server notices the two closes; then one is admitted again
+    while True:
+        try:
+            with connect(url) as again:
+                assert _completes(again)
+            break
+        except InvalidStatus:
+            assert time.monotonic() < deadline
 
 
-def _frame(text: str) -> bytes:
-    """A masked client text frame."""
-    payload = text.encode()
+def _frame(text: str | bytes, opcode: int = 0x1) -> bytes:
+    """A masked client frame (text by default)."""
+    payload = text.encode() if isinstance(text, str) else text
     mask = os.urandom(4)
     masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
     n = len(payload)
-    head = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    head = bytes([0x80 | opcode]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
     return head + mask + masked
+
+
+def _upgrade(port: int, rcvbuf: int | None = None) -> socket.socket:
+    """A raw WebSocket client socket, upgraded (the 101 read, nothing more)."""
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(15)
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16))
+    sock.sendall(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head
+    return sock
+
+
+def test_a_peer_that_takes_everything_gets_an_orderly_close(server: tuple[str, int]) -> None:
+    """The abortive close is only for a peer that left bytes untaken: one that reads the close
+    frame and answers it gets FIN (an end of stream), never RST."""
+    sock = _upgrade(server[1])
+    with sock:
+        sock.sendall(_frame(b"\x00", opcode=0x2))  # binary frames are not part of the protocol: close 1003
+        received = b""
+        while b"\x88\x02\x03\xeb" not in received:  # the server's close frame (unmasked, code 1003)
+            chunk = sock.recv(4096)
+            assert chunk, received
+            received += chunk
+        sock.sendall(_frame(b"\x03\xeb", opcode=0x8))  # the close handshake answered
+        assert sock.recv(4096) == b""  # ConnectionResetError here would be an abortive close
 
 
 def test_a_websocket_peer_that_stops_reading_loses_its_socket() -> None:
     """The app aborts the connection when a write waits too long (its state is freed), and the
-    TCP connection itself is then aborted: nothing of the peer stays held by the server."""
+    TCP connection itself is then aborted (RST): the kernel drops what it still held for the peer,
+    so the peer, reading at last, gets ECONNRESET, not the rest of the stream and an orderly end."""
     engine = SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=3_000))
     app = create_app(backend=engine, write_timeout_s=0.3)
     with socket.socket() as probe:
@@ -119,21 +182,9 @@ def test_a_websocket_peer_that_stops_reading_loses_its_socket() -> None:
     instance = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        time.sleep(0.05)
+    _wait_started(instance, thread)
     try:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        key = base64.b64encode(os.urandom(16))
-        sock.sendall(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n\r\n")
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += sock.recv(1)
-        assert b" 101 " in head
+        sock = _upgrade(port, rcvbuf=4096)
         for lane in range(8):  # far more output than the socket buffers hold; never read
             sock.sendall(_frame(json.dumps({"type": "response.create", "model": "sim-1", "input": "go", "stream_id": f"l{lane}"})))
         deadline = time.monotonic() + 30  # a safety net; the server lets go long before
@@ -145,6 +196,10 @@ def test_a_websocket_peer_that_stops_reading_loses_its_socket() -> None:
             node = node.app
         assert node.aborted == 1 and node.connections == 0
         assert node.input_budget is not None and node.input_budget.held == 0
+        sock.settimeout(15)
+        with pytest.raises(ConnectionResetError):
+            while sock.recv(65536):  # an orderly close would hand over megabytes, then b""
+                pass
         sock.close()
     finally:
         instance.should_exit = True

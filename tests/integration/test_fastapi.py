@@ -115,8 +115,17 @@ def test_create_service_refuses_to_let_everyone_in() -> None:
 
 def responses_app() -> tuple[FastAPI, list[dict[str, Any]]]:
     """A FastAPI Responses server of its own (SSE only, no ``previous_response_id``): it calls
-    ``run`` once per user turn, then answers with how many items it was sent."""
-    app = FastAPI()
+    ``run`` once per user turn, then answers with how many items it was sent.
+
+    Its handlers find their state where FastAPI apps (and vLLM's own handlers) keep it:
+    ``request.app.state`` (set on the app) and ``request.state`` (what the lifespan yielded)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        yield {"received": received}
+
+    app = FastAPI(lifespan=lifespan)
+    app.state.models = ["host-1"]
     received: list[dict[str, Any]] = []
 
     def check(authorization: str | None) -> None:
@@ -124,15 +133,17 @@ def responses_app() -> tuple[FastAPI, list[dict[str, Any]]]:
             raise HTTPException(status_code=401, detail="bad key")
 
     @app.get("/v1/models")
-    async def models(authorization: str | None = Header(default=None)) -> dict[str, Any]:
+    async def models(request: Request, authorization: str | None = Header(default=None)) -> dict[str, Any]:
         check(authorization)
-        return {"object": "list", "data": [{"id": "host-1", "object": "model"}]}
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in request.app.state.models]}
 
     @app.post("/v1/responses")
     async def create(request: Request, authorization: str | None = Header(default=None)) -> StreamingResponse:
         check(authorization)
         body = await request.json()
-        received.append(body)
+        if body["model"] not in request.app.state.models:
+            raise HTTPException(status_code=404, detail="no such model")
+        request.state.received.append(body)
         n = len(received)
         outputs = sum(1 for item in body["input"] if item.get("type") == "function_call_output")
         response = {"id": f"resp_h{n}", "object": "response", "status": "completed", "output": [], "usage": {

@@ -23,7 +23,7 @@ OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event['body']}
 def _turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", **body}))
     while True:
-        event = json.loads(ws.recv())
+        event = json.loads(ws.recv(timeout=30))
         if event["type"] in ("response.completed", "response.failed", "error"):
             assert event["type"] == "response.completed", event
             return dict(event["response"])

@@ -362,17 +362,29 @@ async def test_closing_discards_queued_steering(serve: Any, backend: RecordingBa
 
 
 async def test_the_simulated_engine_is_steered(responses_cache_server_factory: Any) -> None:
-    """The default engine (realistic timing): a steer after the first delta of a 2,000-token
-    answer ends it ``steered`` well before its end, and the successor answers."""
+    """The default engine (paced, not instant): a steer after the first delta of a 2,000-token
+    answer ends it ``steered`` before its end, and the successor answers.
+
+    Until the steer is accepted the engine's clock stands still, so each token waits a little
+    longer than the one before (token i: i/2000 s): it keeps producing while the steer is on its
+    way, and reaching the end on its own would take over 15 minutes. Then the clock runs again.
+    The steer cannot lose the race, however slow the machine (nothing is timed)."""
+    import threading
+    import time
+
     from responses_cache import SimulatedConfig, SimulatedEngine
 
-    engine = SimulatedEngine(SimulatedConfig(answer_tokens=2000, output_tokens_per_s=2000))
+    accepted = threading.Event()
+    engine = SimulatedEngine(SimulatedConfig(answer_tokens=2000, output_tokens_per_s=2000),
+                             clock=lambda: time.perf_counter() if accepted.is_set() else 0.0)
     server = responses_cache_server_factory(backend=engine)
     async with ws_connect(server.ws_url) as ws:
         await ws.create(model="sim-1", input="Write a report.")
         target = (await ws.recv())["response"]["id"]
         await ws.recv_until(lambda d: d["type"] == "response.output_text.delta")
         await ws.send(steer(target, "Just the title."))
+        await ws.recv_until(lambda d: d["type"] == "response.steer.accepted")
+        accepted.set()
         first = await ws.finish()
         second = await ws.finish()
     done, successor = first[-1]["response"], second[-1]["response"]

@@ -17,6 +17,7 @@ import pydantic
 from openai._models import validate_type
 from openai.types.responses import ResponsesServerEvent, ResponseStreamEvent
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 MODEL = "rec-1"
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -154,9 +155,11 @@ class WS:
         return events[0]
 
     async def closed(self) -> tuple[int | None, list[dict[str, Any]]]:
-        """Read until the server closes; returns (close code, events received meanwhile)."""
+        """Read until the server closes; returns (close code, events received meanwhile). Only
+        the close ends the reading: a malformed event, a binary frame or a server that does not
+        close (within the receive timeout) fails the caller."""
         events: list[dict[str, Any]] = []
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ConnectionClosed):
             while True:
                 events.append(await self.recv())
         await asyncio.wait_for(self.conn.wait_closed(), 15)

@@ -32,7 +32,7 @@ INSTRUCTIONS = "You are a careful coding agent. " * 40  # over one 128-token cac
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "tools": TOOLS,
                         "instructions": INSTRUCTIONS, **body}))
-    while (event := json.loads(ws.recv()))["type"] not in (
+    while (event := json.loads(ws.recv(timeout=30)))["type"] not in (
         "response.completed", "response.failed", "response.incomplete", "error"
     ):
         pass
@@ -140,7 +140,7 @@ def test_disconnect_closes_the_cerebras_stream(responses_cache_server_factory: A
     server = responses_cache_server_factory(create_app(backend=_backend(responses_cache_server_factory, engine), renderer="harmony"))
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
-        while json.loads(ws.recv())["type"] != "response.output_text.delta":
+        while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
             pass
     deadline = time.monotonic() + 10
     while engine.closed_early == 0 and time.monotonic() < deadline:

@@ -5,6 +5,9 @@ answer and the steering message."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from websockets.sync.client import connect
@@ -18,8 +21,21 @@ LONG = "<|channel|>final<|message|>" + "word " * 1500 + "<|return|>"
 SHORT = "<|channel|>final<|message|>Brief.<|return|>"
 
 
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    """The fake engine runs in the server's thread: wait (with a deadline) until it got there."""
+    deadline = time.monotonic() + 15
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_a_steer_ends_the_completion_and_the_successor_extends_its_prompt(responses_cache_server_factory: Any) -> None:
     engine = FakeCerebras(ENC, [LONG, SHORT])
+    # After a few tokens the target's stream gives one token per release of the gate: one after
+    # the steer is accepted (the steer always lands mid-answer), then none. A stream nobody
+    # closes stays open, stalled; a steer that stops nothing leaves the target unfinished.
+    gate = threading.Semaphore(0)
+    engine.behaviours = [Behaviour(chunk_tokens=1, hang_after=8, gate=gate)]
     engine.default = Behaviour(chunk_tokens=1)
     url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
     backend = load_backend("cerebras", model="gpt-oss-120b", base_url=url, api_key="csk-test", served_models=["gpt-oss"],
@@ -27,24 +43,28 @@ def test_a_steer_ends_the_completion_and_the_successor_extends_its_prompt(respon
     server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony"))
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "Write at length."}))
-        while (event := json.loads(ws.recv()))["type"] != "response.created":
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.created":
             pass
         target = event["response"]["id"]
-        while json.loads(ws.recv())["type"] != "response.output_text.delta":
+        while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
             pass
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop; be brief."}))
         ends: list[dict[str, Any]] = []
         while len(ends) < 2:
-            event = json.loads(ws.recv())
+            event = json.loads(ws.recv(timeout=30))
+            if event["type"] == "response.steer.accepted":
+                gate.release()  # the engine's next token comes after the steer, never before
             if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
                 ends.append(event["response"])
     first, second = ends
     assert first["id"] == target and second["previous_response_id"] == target and second["status"] == "completed"
+    assert first["status"] == "incomplete" and first["incomplete_details"] == {"reason": "steered"}
+    # The engine's stream for the target was closed before its end; only the successor's finished.
+    _wait(lambda: engine.closed_early == 1, "the steered completion's stream was never closed")
+    assert engine.completed == 1
     one, two = (r.body["prompt"] for r in engine.generation_requests())
     assert two[: len(one)] == one  # appended, not re-rendered
     tail = ENC.decode(two[len(one):])
     assert "Stop; be brief." in tail
-    if first["status"] == "incomplete":  # the usual case: the steer landed mid-answer
-        assert first["incomplete_details"] == {"reason": "steered"}
-        text = first["output"][0]["content"][0]["text"]
-        assert text.count("word") < 1500 and "<|message|>" + text + "<|end|>" in tail
+    text = first["output"][0]["content"][0]["text"]
+    assert 1 <= text.count("word") < 1500 and "<|message|>" + text + "<|end|>" in tail

@@ -32,7 +32,7 @@ STOPS = [ENC.encode_single_token("<|return|>"), ENC.encode_single_token("<|call|
 
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "tools": TOOLS, **body}))
-    while (event := json.loads(ws.recv()))["type"] not in (
+    while (event := json.loads(ws.recv(timeout=30)))["type"] not in (
         "response.completed", "response.failed", "response.incomplete", "error"
     ):
         pass
@@ -285,7 +285,7 @@ def test_client_disconnect_closes_the_engine_stream(responses_cache_server_facto
     server = _serve(responses_cache_server_factory, engine)
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "hi"}))
-        while json.loads(ws.recv())["type"] != "response.output_text.delta":
+        while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
             pass
     deadline = time.monotonic() + 10
     while engine.closed_early == 0 and time.monotonic() < deadline:

@@ -33,7 +33,7 @@ def _vllm_with_middleware(engine: FakeVllm, monkeypatch: pytest.MonkeyPatch, **e
 
 def _turn(ws: Any, **body: Any) -> dict[str, Any]:
     ws.send(json.dumps({"type": "response.create", "model": "openai/gpt-oss-20b", **body}))
-    while (event := json.loads(ws.recv()))["type"] not in ("response.completed", "response.failed", "error"):
+    while (event := json.loads(ws.recv(timeout=30)))["type"] not in ("response.completed", "response.failed", "error"):
         pass
     return dict(event)
 
@@ -91,7 +91,7 @@ def test_a_client_leaving_aborts_the_in_process_generation(
     server = responses_cache_server_factory(_vllm_with_middleware(engine, monkeypatch))
     with connect(server.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": engine.model, "input": "hi"}))
-        while json.loads(ws.recv())["type"] != "response.reasoning_text.delta":
+        while json.loads(ws.recv(timeout=30))["type"] != "response.reasoning_text.delta":
             pass
     deadline = time.monotonic() + 10
     while engine.closed_early == 0 and time.monotonic() < deadline:

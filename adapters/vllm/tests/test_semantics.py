@@ -149,15 +149,21 @@ def test_cache_salt_is_per_tenant_unguessable_and_overridable(responses_cache_se
     renderer = get_renderer("harmony")
     engine = FakeVllm(renderer.encoding, ["<|channel|>final<|message|>ok<|return|>"])
     url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
+    cached: list[int | None] = []
     for tenant, salt in (("acme", None), ("acme", None), ("globex", None), ("acme", "explicit-salt"), ("", None)):
         backend = EngineBackend(url, model=engine.model, salt_key="k" * 32)
-        _run(backend, _request(renderer, tenant=tenant, cache_salt=salt))
+        finish = _run(backend, _request(renderer, tenant=tenant, cache_salt=salt))[-1]
+        assert isinstance(finish, Finish) and finish.usage is not None
+        cached.append(finish.usage.cached_tokens)
     salts = [r.body.get("cache_salt") for r in engine.generation_requests()]
     assert salts[0] == salts[1] and salts[0] != salts[2] and salts[3] == "explicit-salt" and salts[4] is None
     assert salts[0] is not None and "acme" not in salts[0] and len(salts[0]) == 43  # 256 bits, base64url
     other_key = EngineBackend(url, model=engine.model, salt_key="j" * 32)
     assert other_key.cache_salt(_request(renderer, tenant="acme")) != salts[0]
-    # The engine partitions its prefix cache by salt: another tenant's identical prompt is a miss.
+    # The engine partitions its prefix cache by salt: the same tenant's second identical prompt is
+    # a hit; another tenant's (or another salt's) identical prompt is a miss.
+    assert cached[1] is not None and cached[1] > 0
+    assert not any(cached[i] for i in (0, 2, 3, 4))  # reported as 0, or not at all
     assert engine.unknown_fields == []
 
 
@@ -182,6 +188,18 @@ def test_adding_a_replica_moves_only_its_share(n: int, keys: list[str]) -> None:
     moved = [k for k in keys if rendezvous(k, before)[0] != rendezvous(k, after)[0]]
     # Every key that moves, moves to the new replica (nothing reshuffles among the old ones).
     assert all(rendezvous(k, after)[0] == "http://gpu-new:8000" for k in moved)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_a_new_replica_takes_its_share(n: int) -> None:
+    """... and it does take about 1/(n+1) of them: a placement that never picks the new replica
+    moves nothing and passes the property above. (Fixed keys: the hash is deterministic.)"""
+    keys = [f"tenant-{i % 7}/conv-{i}/0" for i in range(3000)]
+    before = [f"http://gpu-{i}:8000" for i in range(n)]
+    after = [*before, "http://gpu-new:8000"]
+    moved = sum(1 for k in keys if rendezvous(k, before)[0] != rendezvous(k, after)[0])
+    share = len(keys) / (n + 1)
+    assert 0.7 * share < moved < 1.3 * share
 
 
 def test_rendezvous_spreads_keys_and_fails_over_to_the_next_ranked() -> None:

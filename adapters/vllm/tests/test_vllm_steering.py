@@ -5,6 +5,9 @@ then the steering message — so the engine's prefix cache covers everything bef
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from websockets.sync.client import connect
@@ -19,8 +22,21 @@ LONG = "<|channel|>final<|message|>" + "word " * 1500 + "<|return|>"
 SHORT = "<|channel|>final<|message|>Brief.<|return|>"
 
 
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    """The fake engine runs in the server's thread: wait (with a deadline) until it got there."""
+    deadline = time.monotonic() + 15
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_a_steer_aborts_the_engine_request_and_the_successor_extends_its_log(responses_cache_server_factory: Any) -> None:
     engine = FakeVllm(ENC, [LONG, SHORT])
+    # After a few tokens the target's stream gives one token per release of the gate: one after
+    # the steer is accepted (the steer always lands mid-answer), then none. A stream nobody
+    # closes stays open, stalled; a steer that stops nothing leaves the target unfinished.
+    gate = threading.Semaphore(0)
+    engine.behaviours = [Behaviour(chunk_tokens=1, hang_after=8, gate=gate)]
     engine.default = Behaviour(chunk_tokens=1)
     url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
     backend = load_backend("vllm", base_urls=[url], model="openai/gpt-oss-20b", served_models=["gpt-oss"], template="harmony")
@@ -28,27 +44,32 @@ def test_a_steer_aborts_the_engine_request_and_the_successor_extends_its_log(res
     with connect(server.ws_url, max_size=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "Write at length."}))
         events = []
-        while (event := json.loads(ws.recv()))["type"] != "response.output_text.delta":
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.output_text.delta":
             events.append(event)
         target = events[0]["response"]["id"]
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop; one word."}))
         ends: list[dict[str, Any]] = []
         while len(ends) < 2:
-            event = json.loads(ws.recv())
+            event = json.loads(ws.recv(timeout=30))
+            if event["type"] == "response.steer.accepted":
+                gate.release()  # the engine's next token comes after the steer, never before
             if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
                 ends.append(event["response"])
     first, second = ends
     assert first["id"] == target and second["previous_response_id"] == target
+    assert first["status"] == "incomplete" and first["incomplete_details"] == {"reason": "steered"}
     assert second["status"] == "completed"
+    # The engine's stream for the target was closed before its end; only the successor's finished.
+    _wait(lambda: engine.closed_early == 1, "the steered request's stream was never closed")
+    assert engine.completed == 1
     bodies = [r.body for r in engine.generation_requests()]
     assert len(bodies) == 2
     target_prompt, successor_prompt = bodies[0]["token_ids"], bodies[1]["token_ids"]
     assert successor_prompt[: len(target_prompt)] == target_prompt  # appended, not re-rendered
     tail = ENC.decode(successor_prompt[len(target_prompt):])
     assert "Stop; one word." in tail
-    if first["status"] == "incomplete":  # the usual case: the steer landed mid-answer
-        assert first["incomplete_details"] == {"reason": "steered"}
-        (message,) = first["output"]
-        assert message["status"] == "incomplete" and message["content"][0]["text"].count("word") < 1500
-        assert "<|message|>" + message["content"][0]["text"] + "<|end|>" in tail  # the cut answer, as sent
+    (message,) = first["output"]
+    text = message["content"][0]["text"]
+    assert message["status"] == "incomplete" and 1 <= text.count("word") < 1500
+    assert "<|message|>" + text + "<|end|>" in tail  # the cut answer, as sent
     assert second["usage"]["input_tokens_details"]["cached_tokens"] >= len(target_prompt) - len(target_prompt) % engine.block_size
