@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     emit: Callable[[str], None] = print
     with vllmproc.started(engine), network_server(engine) as network_ws:
-        emit(f"{'history':>8} {'mode':>11} {'turn p50 ms':>12} {'ttft p50 ms':>12} {'turn ×':>7} {'ttft ×':>7}")
+        emit(f"{'history':>8} {'mode':>11} {'turn p50 ms':>12} {'ttft p50 ms':>12} {'turn x':>7} {'ttft x':>7}")
         for history in sizes:
             row = measure(engine, network_ws, history, args.turns)
             rows.append(row)

@@ -38,6 +38,7 @@ from .billing import (
     UsageRecord,
     WebhookSink,
 )
+from .host import HostScope
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
 from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
@@ -65,6 +66,7 @@ __all__ = [
     "GenerationRequest",
     "Hook",
     "HookContext",
+    "HostScope",
     "InMemoryMetrics",
     "JsonlSink",
     "Limits",

@@ -33,6 +33,13 @@ class Route:
     context_window: int = DEFAULT_CONTEXT_WINDOW
     replicas: int = 1
 
+    @property
+    def window(self) -> int:
+        """The prompt limit: ``context_window``, or the engine's own when the backend knows a
+        smaller one (``backend.context_window``, which an adapter reads from the engine at start)."""
+        engine = getattr(self.backend, "context_window", None)
+        return min(self.context_window, engine) if isinstance(engine, int) and engine > 0 else self.context_window
+
     def replica_for(self, affinity_key: str) -> int:
         """A stable replica index for a conversation lane."""
         if self.replicas <= 1:

@@ -23,13 +23,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .budget import CacheBudget
+from .host import HostScope
 from .metrics import Metrics
 from .protocol import events as ev
 from .protocol.codec import encode
@@ -42,9 +42,6 @@ from .routing import RouteCache
 from .runtime import Service
 from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
-
-if TYPE_CHECKING:
-    from .bridge import HostScope  # the bridge's extra is imported only in bridge mode
 
 logger = logging.getLogger("responses_cache.websocket")
 _LARGE_FRAME = 64 * 1024
@@ -82,7 +79,7 @@ class WebSocketMode:
         #: The bridge's view of the host's scope (``None`` in native mode).
         self._host: HostScope | None = None
         if service is None:
-            from .bridge import HostScope, bridge_service
+            from .bridge import bridge_service  # the bridge's extra is imported only in bridge mode
 
             self._host = HostScope()
             service = bridge_service(app, resolves_previous_response_ids=resolves_previous_response_ids, host=self._host)

@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -112,6 +113,20 @@ def tiny_model(python: Path, name: str = "tiny-oss", **options: Any) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Counters:
+    """Readings of the engine's own metrics. ``finished``: requests that ended by themselves
+    (stop, length, …; vLLM does not count a request aborted by its client); ``prefix_hits``:
+    prompt tokens served from the prefix cache."""
+
+    finished: float
+    running: float
+    prefix_hits: float
+
+    def __sub__(self, earlier: Counters) -> Counters:
+        return Counters(self.finished - earlier.finished, self.running, self.prefix_hits - earlier.prefix_hits)
+
+
 class VllmProcess:
     """``with VllmProcess(python, model) as engine: engine.url`` — ``vllm serve`` on loopback.
 
@@ -152,7 +167,8 @@ class VllmProcess:
     def argv(self) -> list[str]:
         argv = [str(self.python.parent / "vllm"), "serve", str(self.model), "--served-model-name", self.served_name,
                 "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(self.max_model_len),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "16"]
+                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "16",
+                "--block-size", "32"]  # the CPU build's default is 128; 16 is refused
         if self.scale_out:
             argv.append("--enable-scale-out")
         if self.middleware is not None:
@@ -216,6 +232,15 @@ class VllmProcess:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("engine", "model_name"))
                 samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return samples
+
+    def counters(self) -> Counters:
+        """What the engine has done so far (subtract two readings for what happened between)."""
+        samples = self.metrics()
+        return Counters(
+            finished=sum(v for k, v in samples.items() if k.startswith("vllm:request_success_total{")),
+            running=samples["vllm:num_requests_running"],
+            prefix_hits=samples["vllm:prefix_cache_hits_total"],
+        )
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

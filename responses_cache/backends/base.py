@@ -160,6 +160,10 @@ class Backend(Protocol):
     once before the first request) and/or ``async def aclose()`` (called once at shutdown), like an
     httpx client. The :class:`~responses_cache.Service` that owns the backend calls them inside the
     host app's lifespan; a backend without them needs nothing.
+
+    A backend that knows its engine's context window exposes it as ``context_window: int | None``
+    (the adapters read it from the engine at start): a prompt above the smaller of the route's and
+    the engine's window is refused with ``context_length_exceeded`` before the response exists.
     """
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]: ...

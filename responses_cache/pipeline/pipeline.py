@@ -201,7 +201,7 @@ class Pipeline:
         if route.renderer is not None:
             call = functools.partial(
                 render, route.renderer, parent, context, items, request.instructions, turn.tools,
-                context_window=route.context_window,
+                context_window=route.window,
             )
             try:
                 if self._render_size(parent, items) >= self.offload_chars:
@@ -474,9 +474,9 @@ class Pipeline:
             return None
         with_output = extend_with_output(route.renderer, rendered.log, output, sampled)
         log = route.renderer.extend(with_output, appended)
-        if log.num_tokens > route.context_window:
+        if log.num_tokens > route.window:
             raise BackendError(
-                f"This model's maximum context length is {route.context_window} tokens; the appended input "
+                f"This model's maximum context length is {route.window} tokens; the appended input "
                 f"made the response's context {log.num_tokens} tokens.",
                 code="context_length_exceeded",
             )

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from responses_cache import create_app
+from responses_cache import HostScope, create_app
 
 from .backend import EngineBackend
 
@@ -55,20 +55,13 @@ class InProcessTransport(httpx.AsyncBaseTransport):
     (httpx's own ``ASGITransport`` collects the whole body first). Closing the response early
     tells the app the client disconnected, as a socket close would.
 
-    Each request's scope carries what the host server put in the scopes it handed to the
-    middleware (:meth:`adopt`): the host application as ``scope["app"]`` (vLLM's handlers read
-    ``request.app.state``) and a copy of the lifespan ``state``."""
+    Each request's scope carries what the host server put in the scopes handed to the middleware
+    (:class:`~responses_cache.HostScope`): the host application as ``scope["app"]`` (vLLM's
+    handlers read ``request.app.state``) and a copy of the lifespan ``state``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._host: dict[str, Any] = {}
-
-    def adopt(self, scope: Scope) -> None:
-        """Remember the host application and its lifespan state from a scope the server made."""
-        if "app" in scope:
-            self._host["app"] = scope["app"]
-        if "state" in scope and scope["type"] == "lifespan":
-            self._host["state"] = scope["state"]
+        self.host = HostScope()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
@@ -86,10 +79,8 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             "headers": [(k.lower(), v) for k, v in request.headers.raw],
             "client": ("127.0.0.1", 0),
             "server": (url.host, url.port or 80),
-            "state": dict(self._host.get("state") or {}),  # per request, as servers copy it
         }
-        if "app" in self._host:
-            scope["app"] = self._host["app"]
+        self.host.apply(scope)
         messages: asyncio.Queue[Message | BaseException | None] = asyncio.Queue()
         disconnected = asyncio.Event()
         sent_body = False
@@ -188,7 +179,7 @@ class ResponsesCacheMiddleware:
         self.inner = create_app(backend=self.backend, renderer=template, api_keys=[api_key] if api_key else None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.transport.adopt(scope)
+        self.transport.host.observe(scope)
         kind = scope["type"]
         if scope.get("path") == self.path and (kind == "websocket" or (kind == "http" and self.http)):
             await self.inner(scope, receive, send)

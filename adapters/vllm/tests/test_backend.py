@@ -227,9 +227,12 @@ def test_length_is_incomplete_not_failed(responses_cache_server_factory: Any) ->
 
 
 def test_a_prompt_longer_than_the_window_is_refused_before_the_engine(responses_cache_server_factory: Any) -> None:
+    # The engine's window (max_model_len, read at start) is the route's limit: a plain 400 error
+    # before the response exists, as for any prompt over the window.
     engine = FakeVllm(ENC, [ANSWER], max_model_len=40)
-    failed = _one(responses_cache_server_factory, engine)
-    assert failed["response"]["error"]["code"] == "context_length_exceeded"
+    refused = _one(responses_cache_server_factory, engine)
+    assert refused["type"] == "error" and refused["status"] == 400, refused
+    assert refused["error"]["code"] == "context_length_exceeded" and "40 tokens" in refused["error"]["message"]
     assert engine.generation_requests() == []
 
 
