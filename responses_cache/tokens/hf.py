@@ -1,0 +1,542 @@
+"""The ``hf`` renderer: any model with a Hugging Face ``tokenizer.json`` and chat template.
+
+``get_renderer("hf:/path/to/model")`` renders conversations with the model's own chat template
+(see :mod:`.hf_files` for how it is read and compiled, :mod:`.hf_messages` for the item ->
+message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library), so
+the prompt equals ``transformers.apply_chat_template(messages, tools=…, tokenize=True)`` and what
+an engine's chat endpoint computes for the same messages.
+
+Incremental rendering. A jinja template is a function of the whole conversation, so each turn
+runs it over the conversation's messages (text only, no tokenization of history), then:
+
+* **checks** that the text rendered last turn is a prefix of the new text;
+* **tokenizes only the new text**, starting at the last added token (special or not) of the old
+  text: the tokenizer splits added tokens out before anything else, so nothing merges across
+  that boundary; the few tokens between it and the end of the old text are re-encoded and must
+  come out unchanged (checked);
+* stores the new tokens as one segment for the turn's items (the first item holds them, the
+  others are ``JOINED``), with the items and text, so the next turn can run the template again.
+
+History rewrites. Some templates change what they rendered for earlier messages: Qwen3 drops the
+reasoning of assistant turns once a later user message exists, a tool message closes a block that
+the next tool message reopens, a date in a system header changes, a new system message joins the
+header. The prefix check detects every such case, and ``history`` decides:
+
+``"template"`` (default)
+    Follow the template: the conversation is tokenized again from the start of the rewritten
+    text, so the prompt always equals the template's rendering of the messages -- exactly what the
+    engine's own chat endpoint would build. Sampled ids are not kept (the output items are
+    rendered), for the same reason.
+``"keep"``
+    Keep the token log as sampled: an assistant turn's segment is the generation prompt plus the
+    ids the model sampled (its end token, then the text the template puts after that token), and
+    later turns append the template's text for the new items. When the template rewrites its own
+    earlier text, there is no log-preserving prompt it describes, so ``keep`` follows the
+    template for that turn, like ``"template"``.
+
+Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import tiktoken
+
+from ..protocol.items import CustomToolCall, FunctionCall, Item
+from ..protocol.tools import ToolSet
+from .base import RenderStats, is_assistant_output
+from .errors import RenderError
+from .hf_files import ModelFiles, compile_template, load_model_files
+from .hf_messages import chat_messages, chat_tools, template_view
+from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor
+
+if TYPE_CHECKING:
+    from .parsing import OutputParser
+
+History = Literal["template", "keep"]
+
+#: Tokens that end an assistant turn in the families we know, when the vocabulary has them.
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<｜end▁of▁sentence｜>",
+    "</s>",
+    "<|end|>",
+)
+#: Windows of the old text searched for its last added token (then all of it).
+_WINDOWS = (2048, 65536)
+
+
+class TemplateRenderError(RenderError):
+    """The chat template refused the conversation (``raise_exception`` or a template error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    instructions: str | None
+    tools: list[dict[str, Any]] | None
+
+
+@dataclass(slots=True)
+class _Piece:
+    """What an ``hf`` log node keeps: its item, the template text its segment stands for (the
+    first node of a turn holds the turn's text, the others ``""``), and on the last node of a turn
+    the tokens of the generation prompt that follows it."""
+
+    item: Item | None
+    text: str
+    header: _Header | None = None
+    gen_text: str | None = None
+    gen: array[int] | None = None
+    #: Set when the template's prompt is not "log + generation prompt": the whole prompt.
+    whole_prompt: array[int] | None = None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in ``tokenizer.json``."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_encodings: dict[str, tiktoken.Encoding] = {}
+
+
+def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], added: Mapping[str, int]) -> tiktoken.Encoding:
+    """A ``tiktoken.Encoding`` with the model's id -> bytes table, for decoding sampled ids and the
+    byte-length bounds of :func:`~.base.token_floor` (prompts are tokenized by ``tokenizers``)."""
+    found = _encodings.get(name)
+    if found is not None:
+        return found
+    import json
+
+    model = json.loads(files.tokenizer_json).get("model") or {}
+    byte_level = '"ByteLevel"' in files.tokenizer_json
+    table = _byte_decoder()
+    ranks: dict[bytes, int] = {}
+    for token, index in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token in added:
+            continue
+        if byte_level:
+            try:
+                data = bytes(table[c] for c in token)
+            except KeyError:
+                data = token.encode()
+        elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token) and model.get("byte_fallback"):
+            data = bytes([int(token[3:5], 16)])
+        else:
+            data = token.replace("▁", " ").encode()
+        ranks.setdefault(data, index)  # a duplicate byte string keeps its first id
+    for b in range(256):  # tiktoken needs every single byte
+        if bytes([b]) not in ranks:
+            ranks[bytes([b])] = max([*ranks.values(), *added.values()]) + 1
+    enc = tiktoken.Encoding(
+        name,
+        pat_str=r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens=dict(added),
+    )
+    _encodings[name] = enc
+    return enc
+
+
+class HFRenderer:
+    """Renders Responses conversations with a Hugging Face model's chat template and tokenizer.
+
+    ``model``: a model directory, a Hugging Face cache entry or a cached model id (see
+    :func:`~.hf_files.load_model_files`). ``history``: the rewrite policy (module docstring).
+    ``template_kwargs``: extra template variables (``enable_thinking=False``,
+    ``date_string="26 Jul 2024"``…), part of the renderer's key. ``chat_template``: a template to
+    use instead of the model's (a ``.jinja`` path or the text). ``parser``: the output format
+    (``hermes``, ``llama3``, ``deepseek``, ``mistral``, ``plain``), detected from the template when
+    left out.
+    """
+
+    template = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        history: History = "template",
+        template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+        parser: str | None = None,
+    ) -> None:
+        if history not in ("template", "keep"):
+            raise ValueError(f"history must be 'template' or 'keep', not {history!r}")
+        from .hf_parsing import detect_format
+
+        files = load_model_files(model, chat_template=chat_template)
+        self.files = files
+        self.history: History = history
+        self.template_kwargs = dict(template_kwargs or {})
+        self._template = compile_template(files.chat_template)
+        self._tok = files.tokenizer()
+        self._plain = files.tokenizer()
+        self._plain.encode_special_tokens = True  # user text: special-token look-alikes stay text
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        decoder = self._tok.get_added_tokens_decoder()
+        self._added = {t.content: i for i, t in decoder.items()}
+        self._special = frozenset(t.content for t in decoder.values() if t.special)
+        longest_first = sorted(self._added, key=len, reverse=True)
+        self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+        options = repr((history, sorted(self.template_kwargs.items()), files.digest))
+        self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
+        label = files.path.name or "model"
+        self._name = f"hf/{label}-{files.digest[:8]}"
+        self._encoding = _decoding_table(f"hf-{files.digest}", files, vocab, self._added)
+        self._stats = RenderStats()
+        self.format = parser or detect_format(files.chat_template)
+        stops = [self._added[t] for t in _END_TOKENS if t in self._added]
+        eos = files.template_tokens.get("eos_token")
+        self._eos = self._added.get(eos) if eos else None
+        if self._eos is None and stops:
+            self._eos = stops[0]
+        ids = [i for i in (self._eos, *files.generation_eos, *stops) if i is not None]
+        self._stops = tuple(dict.fromkeys(ids))
+        self._template_tokens = dict(files.template_tokens)
+        self._gen_prompt = self._typical_generation_prompt()
+
+    # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """``"hf/<model dir>-<digest>"``."""
+        return self._name
+
+    @property
+    def key(self) -> bytes:
+        """A digest of tokenizer, template, template variables and policy."""
+        return self._key
+
+    @property
+    def stats(self) -> RenderStats:
+        return self._stats
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """The model's id -> bytes table as a ``tiktoken.Encoding`` (for decoding; prompts are
+        tokenized with the model's ``tokenizers`` tokenizer)."""
+        return self._encoding
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        """EOS, ``generation_config.json``'s ``eos_token_id`` and the family's end-of-turn tokens."""
+        return self._stops
+
+    @property
+    def sampling_stop_tokens(self) -> tuple[int, ...]:
+        return self._stops
+
+    @property
+    def generation_prompt(self) -> array[int]:
+        """The generation prompt after a user message (a copy); after other messages the template
+        may give another one, which :meth:`prompt` uses."""
+        return array("I", self._gen_prompt)
+
+    def end_token(self, tool_call: bool) -> int:
+        assert self._stops, "the vocabulary has no end-of-turn token"
+        return self._eos if self._eos is not None else self._stops[0]
+
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+        from .hf_parsing import family_parser
+        from .parsing import opens_think
+
+        return family_parser(
+            self.format,
+            custom_tools,
+            in_think=opens_think(self.decode(list(self._gen_prompt))),
+            specials=frozenset(self._added),
+        )
+
+    def tool_call_prefix(self, name: str | None) -> str:
+        from .hf_parsing import tool_call_prefix
+        from .parsing import opens_think
+
+        return tool_call_prefix(self.format, name, in_think=opens_think(self.decode(list(self._gen_prompt))))
+
+    def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes:
+        h = hashlib.blake2b(self._key, digest_size=16)
+        if instructions:
+            h.update(b"\x01")
+            h.update(instructions.encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"\x00")
+        h.update(tools.fingerprint)
+        return h.digest()
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain-text tokens (special-token look-alikes stay plain text)."""
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Tokens of ``text`` with its special tokens recognised (as the engine's ``/tokenize``)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._encoding.decode(list(ids))
+
+    def count_text(self, text: str) -> int:
+        return len(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def hidden_before(self, facts: object) -> int:
+        return 0
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def render_text(
+        self,
+        instructions: str | None,
+        tools: ToolSet,
+        items: Sequence[Item],
+        *,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The template's text for the whole conversation (what :meth:`prompt` tokenizes)."""
+        return self._render(chat_messages(instructions, items), chat_tools(tools), add_generation_prompt)
+
+    def chat_messages(self, instructions: str | None, items: Sequence[Item]) -> list[dict[str, Any]]:
+        """The conversation as the chat messages this renderer hands the template (send the same
+        to an engine's ``/tokenize`` or chat endpoint to compare)."""
+        return chat_messages(instructions, items)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
+        import jinja2
+
+        kwargs = {**self._template_tokens, **self.template_kwargs}
+        try:
+            return self._template.render(
+                messages=template_view(messages), tools=tools, documents=None, add_generation_prompt=gen, **kwargs
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=at, param="type") from None
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        self._stats.tokens_encoded += len(ids)
+        return list(ids)
+
+    def _tokens_after(self, old: str, new: str) -> list[int] | None:
+        """The tokens ``new`` adds when the text ``old`` (already tokenized) is followed by it, or
+        None when tokens would merge across the boundary."""
+        if not new:
+            return []
+        start = None
+        for window in (*_WINDOWS, None):
+            tail = old if window is None else old[-window:]
+            last = None
+            for last in self._added_re.finditer(tail):  # noqa: B007 - the last match is wanted
+                pass
+            if last is not None:
+                start = len(old) - len(tail) + last.start()
+                break
+            if window is not None and window >= len(old):
+                start = 0
+                break
+        if start is None:
+            start = 0
+        before = self._encode(old[start:]) if start < len(old) else []
+        both = self._encode(old[start:] + new)
+        if both[: len(before)] != before:
+            return None
+        return both[len(before) :]
+
+    def _generation(self, text: str, prompt_text: str) -> tuple[str | None, array[int] | None, array[int] | None]:
+        """(generation prompt text, its tokens, or the whole prompt's tokens when the prompt does
+        not extend the conversation's text)."""
+        if prompt_text.startswith(text):
+            gen_text = prompt_text[len(text) :]
+            ids = self._tokens_after(text, gen_text)
+            if ids is not None:
+                return gen_text, array("I", ids), None
+        return None, None, array("I", self._encode(prompt_text))
+
+    def _typical_generation_prompt(self) -> array[int]:
+        messages = [{"role": "user", "content": "x"}]
+        try:
+            text = self._render(messages, None, False)
+            full = self._render(messages, None, True)
+        except RenderError:
+            return array("I")
+        _, gen, _ = self._generation(text, full)
+        return gen if gen is not None else array("I")
+
+    def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
+        """A log holding the header: the template's text for the instructions and tools alone
+        (empty when the template cannot render them without messages)."""
+        header = _Header(instructions or None, chat_tools(tools))
+        messages = chat_messages(header.instructions, [])
+        piece = _Piece(None, "", header)
+        seg = array("I")
+        try:
+            text = self._render(messages, header.tools, False)
+            prompt_text = self._render(messages, header.tools, True)
+        except RenderError:
+            pass
+        else:
+            seg = array("I", self._encode(text))
+            piece.text = text
+            piece.gen_text, piece.gen, piece.whole_prompt = self._generation(text, prompt_text)
+        ctx = LogContext(self.name, self._key, self.fingerprint(instructions, tools))
+        return TokenLog(Node(None, ctx, seg, 0, NO_FACTS, 0, data=piece))
+
+    def render_full(self, instructions: str | None, tools: ToolSet, items: Sequence[Item]) -> TokenLog:
+        return self.extend(self.begin(instructions, tools), items)
+
+    def prompt(self, log: TokenLog) -> array[int]:
+        """The log's tokens and the generation prompt the template gives after its last message."""
+        piece = self._piece(log._node)
+        if piece.whole_prompt is not None:
+            return array("I", piece.whole_prompt)
+        if piece.gen is None:  # a header the template could not render alone
+            chain = self._chain(log._node)
+            header = self._piece(chain[0]).header
+            assert header is not None
+            messages = chat_messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
+            return array("I", self._encode(self._render(messages, header.tools, True)))
+        out = log.tokens()
+        out.extend(piece.gen)
+        return out
+
+    def rewind(self, log: TokenLog, item_index: int) -> TokenLog:
+        """The log of the first ``item_index`` items, when a turn boundary falls there; a cut inside
+        a turn's segment raises ``ValueError`` (the caller renders in full)."""
+        node = log._node
+        if node.ctx.key != self._key:
+            raise ValueError(f"this log was rendered by {node.ctx.name} with other options")
+        if not 0 <= item_index <= log.num_items:
+            raise IndexError(f"cannot rewind a log of {log.num_items} items to {item_index}")
+        if item_index == log.num_items:
+            return log
+        if ancestor(node, item_index).flags & JOINED:
+            raise ValueError("the hf renderer cuts a log only between turns")
+        return TokenLog(ancestor(node, item_index - 1))
+
+    def extend(self, log: TokenLog, items: Sequence[Item], *, sampled: Sequence[int] | None = None) -> TokenLog:
+        """``log`` plus the template's text for ``items``, tokenized from the last added token of
+        the old text on (see the module docstring for the checks and the history policy).
+        ``sampled``: the ids the model produced after :meth:`prompt` for these output items; kept
+        only with ``history="keep"``."""
+        node = log._node
+        if node.ctx.key != self._key:
+            raise ValueError(f"this log was rendered by {node.ctx.name} with other options; {self.name} cannot extend it")
+        if not items:
+            return log
+        if sampled is not None:
+            for i, item in enumerate(items):
+                if not is_assistant_output(item):
+                    raise ValueError(f"sampled ids given, but items[{i}] ({type(item).__name__}) is not assistant output")
+        chain = self._chain(node)
+        pieces = [self._piece(n) for n in chain]
+        header = pieces[0].header
+        assert header is not None
+        old_items: list[Item] = [p.item for p in pieces[1:]]  # type: ignore[misc]
+        old_text = "".join(p.text for p in pieces)
+        all_items = [*old_items, *items]
+        messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
+        text = self._render(messages, header.tools, False)
+        prompt_text = self._render(messages, header.tools, True)
+        self._stats.items_rendered += len(items)
+        if text.startswith(old_text):
+            added = text[len(old_text) :]
+            ids = self._tokens_after(old_text, added)
+            if ids is not None:
+                seg = None
+                if sampled is not None and self.history == "keep":
+                    seg = self._sampled_segment(pieces[-1], added, sampled)
+                    if seg is None:
+                        self._stats.sampled_rejected += 1
+                    else:
+                        self._stats.items_sampled += len(items)
+                return self._append(node, items, added, array("I", ids) if seg is None else seg, text, prompt_text)
+        self._stats.rewinds += 1
+        return self._rebuild(chain[0], all_items, text, prompt_text)
+
+    # -- machinery ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _piece(node: Node) -> _Piece:
+        piece = node.data
+        if not isinstance(piece, _Piece):
+            raise ValueError("this log was not rendered by an hf renderer")
+        return piece
+
+    @staticmethod
+    def _chain(node: Node) -> list[Node]:
+        chain: list[Node] = []
+        cur: Node | None = node
+        while cur is not None:
+            chain.append(cur)
+            cur = cur.parent
+        chain.reverse()
+        return chain
+
+    def _append(self, node: Node, items: Sequence[Item], text: str, seg: array[int], full_text: str, prompt_text: str) -> TokenLog:
+        ctx = node.ctx
+        gen_text, gen, whole = self._generation(full_text, prompt_text)
+        last = len(items) - 1
+        for k, item in enumerate(items):
+            call_id = item.call_id if isinstance(item, (FunctionCall, CustomToolCall)) else None
+            piece = _Piece(item, text if k == 0 else "")
+            if k == last:
+                piece.gen_text, piece.gen, piece.whole_prompt = gen_text, gen, whole
+            node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, data=piece)
+        return TokenLog(node)
+
+    def _rebuild(self, root: Node, items: Sequence[Item], text: str, prompt_text: str) -> TokenLog:
+        """A log of ``text`` tokenized afresh, reusing the header when it is still a prefix."""
+        head = self._piece(root)
+        if not text.startswith(head.text):
+            assert head.header is not None
+            root = Node(None, root.ctx, array("I"), 0, NO_FACTS, 0, data=_Piece(None, "", head.header))
+            head = self._piece(root)
+        ids = self._tokens_after(head.text, text[len(head.text) :]) if head.text else self._encode(text)
+        if ids is None:
+            assert head.header is not None
+            root = Node(None, root.ctx, array("I"), 0, NO_FACTS, 0, data=_Piece(None, "", head.header))
+            ids = self._encode(text)
+            head = self._piece(root)
+        return self._append(root, items, text[len(head.text) :], array("I", ids), text, prompt_text)
+
+    def _sampled_segment(self, tip: _Piece, added: str, sampled: Sequence[int]) -> array[int] | None:
+        """``history="keep"``: the generation prompt, the sampled ids up to the end token, then the
+        tokens of the text the template puts after that token. None when the template's text for
+        the turn does not start with the generation prompt or has no end token."""
+        if tip.gen is None or tip.gen_text is None or not added.startswith(tip.gen_text):
+            return None
+        body = added[len(tip.gen_text) :]
+        ends = {self.decode([t]): t for t in self._stops}
+        best = max(((body.rfind(s), s) for s in ends), default=(-1, ""))
+        if best[0] < 0:
+            return None
+        at, stop_text = best
+        ids = list(sampled)
+        while ids and ids[-1] in self._stops and ids[-1] != ends[stop_text]:
+            ids.pop()
+        if not ids or ids[-1] != ends[stop_text]:
+            ids.append(ends[stop_text])
+        trailing = self._tokens_after(stop_text, body[at + len(stop_text) :])
+        if trailing is None:
+            return None
+        seg = array("I", tip.gen)
+        seg.extend(ids)
+        seg.extend(trailing)
+        return seg
