@@ -467,6 +467,9 @@ class HFRenderer:
                     else:
                         self._stats.items_sampled += len(items)
                 return self._append(node, items, added, array("I", ids) if seg is None else seg, text, prompt_text)
+            merged = self._merge_last_turn(chain, pieces, items, text, prompt_text)
+            if merged is not None:
+                return merged
         self._stats.rewinds += 1
         return self._rebuild(chain[0], all_items, text, prompt_text)
 
@@ -500,6 +503,25 @@ class HFRenderer:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen_text, gen, whole
             node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, data=piece)
         return TokenLog(node)
+
+    def _merge_last_turn(
+        self, chain: list[Node], pieces: list[_Piece], items: Sequence[Item], text: str, prompt_text: str
+    ) -> TokenLog | None:
+        """The new text merges with the end of the last turn's (a template without an added token
+        between messages): tokenize the last turn and the new items together, from the start of
+        the last turn's segment. None when that does not hold either."""
+        start = len(chain) - 1
+        while start > 0 and chain[start].flags & JOINED:
+            start -= 1
+        if start == 0:
+            return None
+        before = "".join(p.text for p in pieces[:start])
+        ids = self._tokens_after(before, text[len(before) :])
+        if ids is None:
+            return None
+        self._stats.turns_merged += 1
+        turn = [p.item for p in pieces[start:]]
+        return self._append(chain[start - 1], [*turn, *items], text[len(before) :], array("I", ids), text, prompt_text)  # type: ignore[list-item]
 
     def _rebuild(self, root: Node, items: Sequence[Item], text: str, prompt_text: str) -> TokenLog:
         """A log of ``text`` tokenized afresh, reusing the header when it is still a prefix."""

@@ -193,7 +193,7 @@ def compile_template(source: str) -> jinja2.Template:
         """``{% generation %}…{% endgeneration %}`` renders its body (transformers uses it to mark
         assistant tokens; rendering is unchanged)."""
 
-        tags = {"generation"}  # noqa: RUF012
+        tags = {"generation"}
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

@@ -131,11 +131,11 @@ def chat_messages(instructions: str | None, items: Sequence[Item], *, first_new:
                 role = "user" if item.role == "user" else "system"
                 out.append({"role": role, "content": "\n".join(item_texts(item.content, at, "content"))})
             elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
-                name = names.get(item.call_id)
-                if name is None:
+                called = names.get(item.call_id)
+                if called is None:
                     raise UnknownCallError(item_index=at, call_id=item.call_id)
                 text = "\n".join(item_texts(item.output, at, "output"))
-                out.append({"role": "tool", "tool_call_id": item.call_id, "name": name, "content": text})
+                out.append({"role": "tool", "tool_call_id": item.call_id, "name": called, "content": text})
             else:  # pragma: no cover - every item type is handled above
                 raise TypeError(f"cannot render item of type {type(item).__name__}")
     for message in out:

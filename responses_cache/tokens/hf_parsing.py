@@ -108,6 +108,8 @@ class FamilyParser:
             buffer = buffer[index + len(tag) :]
             if tag in self._tags:
                 yield from self._switch(tag)
+            elif self._mode == "call" and tag == _DS_SEP:
+                self._call += tag  # the separator inside a DeepSeek call
 
     def close(self) -> Iterator[BackendEvent]:
         pending, self._pending = self._pending, ""

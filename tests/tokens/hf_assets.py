@@ -115,7 +115,16 @@ def _corpus() -> list[str]:
 
 def build_tokenizer(family: str) -> str:
     """The ``tokenizer.json`` text of ``family``'s trained tokenizer."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     fam = FAMILIES[family]
     tok = Tokenizer(models.BPE())

@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_cache.protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, ReasoningText
+from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    ReasoningText,
+)
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf import HFRenderer
