@@ -80,6 +80,13 @@ class RenderStats:
     #: Turns re-tokenized with the next one because their tokens merge across the boundary (the
     #: ``hf`` renderer, templates without an added token between messages).
     turns_merged: int = 0
+    #: ``hf``: turns rendered by running the template over a window of recent items...
+    window_renders: int = 0
+    #: ...windows whose text for the old items differed from the log's (the whole conversation
+    #: was rendered instead)...
+    window_misses: int = 0
+    #: ...and turns rendered by running the template over the whole conversation.
+    full_renders: int = 0
 
 
 @runtime_checkable

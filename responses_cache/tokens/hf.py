@@ -48,13 +48,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import tiktoken
 
-from ..protocol.items import CustomToolCall, FunctionCall, Item
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+)
 from ..protocol.tools import ToolSet
 from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
-from .hf_messages import chat_messages, chat_tools, template_view
-from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor
+from .hf_messages import chat_messages, chat_tools, qualified, template_view
+from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 
 if TYPE_CHECKING:
     from .parsing import OutputParser
@@ -76,6 +83,22 @@ _END_TOKENS = (
 _WINDOWS = (2048, 65536)
 
 
+def _starts_group(item: Item | None, before: object) -> bool:
+    """Whether ``item`` starts a new group of chat messages (a user or system message, the first
+    assistant-output item after other items, the first tool output after other items): where a
+    rendering window may begin."""
+    previous = before.item if isinstance(before, _Piece) else None
+    if item is None or previous is None:
+        return False
+    if isinstance(item, Message) and item.role != "assistant":
+        return True
+    if is_assistant_output(item):
+        return not is_assistant_output(previous)
+    return isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and not isinstance(
+        previous, (FunctionCallOutput, CustomToolCallOutput)
+    )
+
+
 class TemplateRenderError(RenderError):
     """The chat template refused the conversation (``raise_exception`` or a template error)."""
 
@@ -95,6 +118,10 @@ class _Piece:
     item: Item | None
     text: str
     header: _Header | None = None
+    #: The conversation's items up to and including its first user message (None before one),
+    #: and the template's text for them alone: the fixed start of every rendering window.
+    head: tuple[Item, ...] | None = None
+    head_text: str = ""
     gen_text: str | None = None
     gen: array[int] | None = None
     #: Set when the template's prompt is not "log + generation prompt": the whole prompt.
@@ -160,6 +187,8 @@ class HFRenderer:
 
     ``model``: a model directory, a Hugging Face cache entry or a cached model id (see
     :func:`~.hf_files.load_model_files`). ``history``: the rewrite policy (module docstring).
+    ``window``: how many recent items (at least) the template runs over each turn, see the module
+    docstring; ``None`` runs it over the whole conversation every turn.
     ``template_kwargs``: extra template variables (``enable_thinking=False``,
     ``date_string="26 Jul 2024"``…), part of the renderer's key. ``chat_template``: a template to
     use instead of the model's (a ``.jinja`` path or the text). ``parser``: the output format
@@ -177,7 +206,10 @@ class HFRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         chat_template: str | None = None,
         parser: str | None = None,
+        window: int | None = 8,
     ) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be a positive number of items or None, not {window}")
         if history not in ("template", "keep"):
             raise ValueError(f"history must be 'template' or 'keep', not {history!r}")
         from .hf_parsing import detect_format
@@ -185,6 +217,7 @@ class HFRenderer:
         files = load_model_files(model, chat_template=chat_template)
         self.files = files
         self.history: History = history
+        self.window = window
         self.template_kwargs = dict(template_kwargs or {})
         self._template = compile_template(files.chat_template)
         self._tok = files.tokenizer()
@@ -196,6 +229,10 @@ class HFRenderer:
         self._special = frozenset(t.content for t in decoder.values() if t.special)
         longest_first = sorted(self._added, key=len, reverse=True)
         self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+        self._added_end_re = re.compile("(?:" + "|".join(map(re.escape, longest_first)) + ")$" if longest_first else "(?!)")
+        #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
+        #: before an added token merges with what follows it.
+        self._gen_cache: dict[tuple[str, str], list[int]] = {}
         options = repr((history, sorted(self.template_kwargs.items()), files.digest))
         self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
         label = files.path.name or "model"
@@ -334,9 +371,10 @@ class HFRenderer:
         self._stats.tokens_encoded += len(ids)
         return list(ids)
 
-    def _tokens_after(self, old: str, new: str) -> list[int] | None:
+    def _tokens_after(self, old: str, new: str, *, whole: bool = True) -> list[int] | None:
         """The tokens ``new`` adds when the text ``old`` (already tokenized) is followed by it, or
-        None when tokens would merge across the boundary."""
+        None when tokens would merge across the boundary. ``whole``: ``old`` is the complete text
+        (its start is a boundary); otherwise it is a tail and must hold an added token."""
         if not new:
             return []
         start = None
@@ -351,7 +389,9 @@ class HFRenderer:
             if window is not None and window >= len(old):
                 start = 0
                 break
-        if start is None:
+        if start is None or (start == 0 and not whole and not self._added_re.match(old)):
+            if not whole:
+                return None
             start = 0
         before = self._encode(old[start:]) if start < len(old) else []
         both = self._encode(old[start:] + new)
@@ -359,14 +399,25 @@ class HFRenderer:
             return None
         return both[len(before) :]
 
-    def _generation(self, text: str, prompt_text: str) -> tuple[str | None, array[int] | None, array[int] | None]:
-        """(generation prompt text, its tokens, or the whole prompt's tokens when the prompt does
-        not extend the conversation's text)."""
+    def _generation(
+        self, text: str, prompt_text: str, *, whole: bool = True
+    ) -> tuple[str | None, array[int] | None, array[int] | None]:
+        """(generation prompt text, its tokens, or -- ``whole`` texts only -- the whole prompt's
+        tokens when the prompt does not extend the conversation's text)."""
         if prompt_text.startswith(text):
             gen_text = prompt_text[len(text) :]
-            ids = self._tokens_after(text, gen_text)
+            # The same generation prompt after the same last token comes back every turn.
+            last = self._added_end_re.search(text[-64:])
+            key = (last.group(), gen_text) if last is not None else None
+            ids = self._gen_cache.get(key) if key is not None else None
+            if ids is None:
+                ids = self._tokens_after(text, gen_text, whole=whole)
+                if ids is not None and key is not None and len(self._gen_cache) < 64:
+                    self._gen_cache[key] = ids
             if ids is not None:
                 return gen_text, array("I", ids), None
+        if not whole:
+            return None, None, None
         return None, None, array("I", self._encode(prompt_text))
 
     def _typical_generation_prompt(self) -> array[int]:
@@ -444,6 +495,11 @@ class HFRenderer:
             for i, item in enumerate(items):
                 if not is_assistant_output(item):
                     raise ValueError(f"sampled ids given, but items[{i}] ({type(item).__name__}) is not assistant output")
+        self._stats.items_rendered += len(items)
+        if self.window is not None:
+            windowed = self._extend_windowed(node, items, sampled)
+            if windowed is not None:
+                return windowed
         chain = self._chain(node)
         pieces = [self._piece(n) for n in chain]
         header = pieces[0].header
@@ -454,24 +510,94 @@ class HFRenderer:
         messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
         text = self._render(messages, header.tools, False)
         prompt_text = self._render(messages, header.tools, True)
-        self._stats.items_rendered += len(items)
+        self._stats.full_renders += 1
         if text.startswith(old_text):
             added = text[len(old_text) :]
             ids = self._tokens_after(old_text, added)
             if ids is not None:
-                seg = None
-                if sampled is not None and self.history == "keep":
-                    seg = self._sampled_segment(pieces[-1], added, sampled)
-                    if seg is None:
-                        self._stats.sampled_rejected += 1
-                    else:
-                        self._stats.items_sampled += len(items)
-                return self._append(node, items, added, array("I", ids) if seg is None else seg, text, prompt_text)
+                seg = self._keep_sampled(pieces[-1], added, sampled)
+                gen = self._generation(text, prompt_text)
+                return self._append(node, items, added, array("I", ids) if seg is None else seg, gen)
             merged = self._merge_last_turn(chain, pieces, items, text, prompt_text)
             if merged is not None:
                 return merged
         self._stats.rewinds += 1
         return self._rebuild(chain[0], all_items, text, prompt_text)
+
+    def _keep_sampled(self, tip: _Piece, added: str, sampled: Sequence[int] | None) -> array[int] | None:
+        if sampled is None or self.history != "keep":
+            return None
+        seg = self._sampled_segment(tip, added, sampled)
+        if seg is None:
+            self._stats.sampled_rejected += 1
+        else:
+            self._stats.items_sampled += 1
+        return seg
+
+    def _extend_windowed(self, node: Node, items: Sequence[Item], sampled: Sequence[int] | None) -> TokenLog | None:
+        """The fast path: run the template over the head (the items up to the first user message)
+        and the last ``window``-or-more items, starting at a user message. The window is
+        *certified* -- its text for the old items must equal the end of the log's text, and adding
+        the new items must only append -- else None (the whole conversation is rendered)."""
+        assert self.window is not None
+        tip = self._piece(node)
+        head, header = tip.head, tip.header
+        if head is None or header is None:
+            return None
+        tail: list[Node] = []
+        cur: Node | None = node
+        while cur is not None and cur.index >= len(head):
+            tail.append(cur)
+            if len(tail) >= self.window and cur.parent is not None and _starts_group(self._piece(cur).item, cur.parent.data):
+                break
+            cur = cur.parent
+        else:
+            return None  # the conversation is still short: render all of it
+        tail.reverse()
+        tail_items: list[Item] = [self._piece(n).item for n in tail]  # type: ignore[misc]
+        window = [*head, *tail_items]
+
+        def lookup(call_id: str) -> str | None:
+            return find_call(node, call_id)
+
+        old_messages = chat_messages(header.instructions, window, calls=lookup)
+        new_messages = chat_messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
+        try:
+            before = self._render(old_messages, header.tools, False)
+            after = self._render(new_messages, header.tools, False)
+            prompt_text = self._render(new_messages, header.tools, True)
+        except RenderError:
+            return None  # e.g. a template checking alternation by position: render all
+        self._stats.window_renders += 1
+        if not before.startswith(tip.head_text) or not after.startswith(before):
+            return None
+        recent = before[len(tip.head_text) :]
+        old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[-1])
+        if not old_tail.endswith(recent):
+            self._stats.window_misses += 1
+            return None
+        added = after[len(before) :]
+        ids = self._tokens_after(old_tail, added, whole=whole)
+        if ids is None:
+            return None
+        seg = self._keep_sampled(tip, added, sampled)
+        gen = self._generation(old_tail + added, old_tail + prompt_text[len(before) :], whole=whole) if prompt_text.startswith(before) else None
+        if gen is None or gen[1] is None:
+            return None
+        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen)
+
+    def _tail_text(self, node: Node, chars: int) -> tuple[str, bool]:
+        """The end of the log's text, at least ``chars`` long (or all of it: then True)."""
+        parts: list[str] = []
+        total = 0
+        cur: Node | None = node
+        while cur is not None and total < chars:
+            text = self._piece(cur).text
+            parts.append(text)
+            total += len(text)
+            cur = cur.parent
+        parts.reverse()
+        return "".join(parts), cur is None
 
     # -- machinery ----------------------------------------------------------------------------
 
@@ -492,17 +618,46 @@ class HFRenderer:
         chain.reverse()
         return chain
 
-    def _append(self, node: Node, items: Sequence[Item], text: str, seg: array[int], full_text: str, prompt_text: str) -> TokenLog:
+    def _append(
+        self,
+        node: Node,
+        items: Sequence[Item],
+        text: str,
+        seg: array[int],
+        gen: tuple[str | None, array[int] | None, array[int] | None],
+    ) -> TokenLog:
+        """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
+        ``JOINED``; the last one holds the generation prompt ``gen``."""
         ctx = node.ctx
-        gen_text, gen, whole = self._generation(full_text, prompt_text)
+        parent = self._piece(node)
+        header = parent.header
+        head, head_text = parent.head, parent.head_text
+        if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
+            head, head_text = self._head(node, items, header)
         last = len(items) - 1
         for k, item in enumerate(items):
-            call_id = item.call_id if isinstance(item, (FunctionCall, CustomToolCall)) else None
-            piece = _Piece(item, text if k == 0 else "")
+            call_id = target = None
+            if isinstance(item, (FunctionCall, CustomToolCall)):
+                call_id, target = item.call_id, qualified(item.namespace, item.name)
+            piece = _Piece(item, text if k == 0 else "", header, head, head_text)
             if k == last:
-                piece.gen_text, piece.gen, piece.whole_prompt = gen_text, gen, whole
-            node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, data=piece)
+                piece.gen_text, piece.gen, piece.whole_prompt = gen
+            node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
         return TokenLog(node)
+
+    def _head(self, node: Node, items: Sequence[Item], header: _Header | None) -> tuple[tuple[Item, ...] | None, str]:
+        """The items up to and including the first user message, and the template's text for them."""
+        assert header is not None
+        found: list[Item] = [self._piece(n).item for n in self._chain(node)[1:]]  # type: ignore[misc]
+        for item in items:
+            found.append(item)
+            if isinstance(item, Message) and item.role == "user":
+                break
+        try:
+            text = self._render(chat_messages(header.instructions, found), header.tools, False)
+        except RenderError:
+            return None, ""
+        return tuple(found), text
 
     def _merge_last_turn(
         self, chain: list[Node], pieces: list[_Piece], items: Sequence[Item], text: str, prompt_text: str
@@ -521,7 +676,8 @@ class HFRenderer:
             return None
         self._stats.turns_merged += 1
         turn = [p.item for p in pieces[start:]]
-        return self._append(chain[start - 1], [*turn, *items], text[len(before) :], array("I", ids), text, prompt_text)  # type: ignore[list-item]
+        gen = self._generation(text, prompt_text)
+        return self._append(chain[start - 1], [*turn, *items], text[len(before) :], array("I", ids), gen)  # type: ignore[list-item]
 
     def _rebuild(self, root: Node, items: Sequence[Item], text: str, prompt_text: str) -> TokenLog:
         """A log of ``text`` tokenized afresh, reusing the header when it is still a prefix."""
@@ -536,7 +692,7 @@ class HFRenderer:
             root = Node(None, root.ctx, array("I"), 0, NO_FACTS, 0, data=_Piece(None, "", head.header))
             ids = self._encode(text)
             head = self._piece(root)
-        return self._append(root, items, text[len(head.text) :], array("I", ids), text, prompt_text)
+        return self._append(root, items, text[len(head.text) :], array("I", ids), self._generation(text, prompt_text))
 
     def _sampled_segment(self, tip: _Piece, added: str, sampled: Sequence[int]) -> array[int] | None:
         """``history="keep"``: the generation prompt, the sampled ids up to the end token, then the

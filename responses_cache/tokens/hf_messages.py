@@ -25,7 +25,7 @@ chat endpoint (``POST /tokenize`` with ``messages``), whose template gives the s
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..protocol.items import (
@@ -87,9 +87,16 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def chat_messages(instructions: str | None, items: Sequence[Item], *, first_new: int = 0) -> list[dict[str, Any]]:
+def chat_messages(
+    instructions: str | None,
+    items: Sequence[Item],
+    *,
+    first_new: int = 0,
+    calls: Callable[[str], str | None] | None = None,
+) -> list[dict[str, Any]]:
     """The conversation as chat messages. Errors name the item's index minus ``first_new`` (the
-    position in the items of the current call)."""
+    position in the items of the current call). ``calls``: the function name of a ``call_id``
+    made before ``items`` (for a window of a longer conversation)."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -132,6 +139,8 @@ def chat_messages(instructions: str | None, items: Sequence[Item], *, first_new:
                 out.append({"role": role, "content": "\n".join(item_texts(item.content, at, "content"))})
             elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
                 called = names.get(item.call_id)
+                if called is None and calls is not None:
+                    called = calls(item.call_id)
                 if called is None:
                     raise UnknownCallError(item_index=at, call_id=item.call_id)
                 text = "\n".join(item_texts(item.output, at, "output"))

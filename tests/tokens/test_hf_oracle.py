@@ -43,12 +43,24 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]
     return {family: build_tokenizer_dir(family, root / family) for family in FAMILIES}
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=[(f, w) for f in FAMILIES for w in (1, None)], ids=lambda p: f"{p[0]}-window{p[1]}")
 def family(request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path]) -> tuple[HFRenderer, Any]:
-    directory = hf_dirs[request.param]
-    renderer = get_renderer(f"hf:{directory}")
+    """A family's renderer, with the smallest rendering window (the fast path as often as
+    possible) or none (the template runs over the whole conversation every turn)."""
+    name, window = request.param
+    directory = hf_dirs[name]
+    renderer = get_renderer(f"hf:{directory}", window=window)
     assert isinstance(renderer, HFRenderer)
     return renderer, transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _window_was_used(family: tuple[HFRenderer, Any]) -> Any:
+    """The windowed fast path really ran in these tests (not only the whole-conversation one)."""
+    yield
+    r = family[0]
+    if r.window is not None:
+        assert r.stats.window_renders > 0, r.stats
 
 
 def oracle(tokenizer: Any, instr: str | None, tools: ToolSet, items: Sequence[Item]) -> list[int]:
