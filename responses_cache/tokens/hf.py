@@ -6,16 +6,33 @@ message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`
 the prompt equals ``transformers.apply_chat_template(messages, tools=…, tokenize=True)`` and what
 an engine's chat endpoint computes for the same messages.
 
-Incremental rendering. A jinja template is a function of the whole conversation, so each turn
-runs it over the conversation's messages (text only, no tokenization of history), then:
+Incremental rendering. A jinja template is a function of the whole conversation; running it over
+a long history every turn would cost O(messages). Each turn instead:
 
-* **checks** that the text rendered last turn is a prefix of the new text;
+* **renders a window**: the template runs over the *head* (the items up to and including the first
+  user message, with the instructions and tools) and the last ``window`` or more items, from a
+  message-group start (a user or system message, the first assistant item or tool output after
+  other items) -- once without the new items, once with them, once with the generation prompt.
+  When the new items hold a message (a user turn, an answer), the window starts at the last user
+  message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
+  analysis); a tool step (outputs, reasoning, calls) needs only the last few items;
+* **certifies the window**: its text for the old items (after the head's) must equal the end of
+  the log's text, and adding the new items must only append to it; otherwise (a short
+  conversation, a template that rewrites, a window that renders the old items differently) the
+  template runs over the whole conversation, exactly as ``apply_chat_template`` would;
 * **tokenizes only the new text**, starting at the last added token (special or not) of the old
   text: the tokenizer splits added tokens out before anything else, so nothing merges across
   that boundary; the few tokens between it and the end of the old text are re-encoded and must
-  come out unchanged (checked);
+  come out unchanged (checked). A template without an added token between messages merges the
+  last turn's text with the new one's: that turn is tokenized again with the new items;
 * stores the new tokens as one segment for the turn's items (the first item holds them, the
   others are ``JOINED``), with the items and text, so the next turn can run the template again.
+
+The window assumes what the certificate cannot see: that a template rewrites nothing before the
+last user message, and that state carried from before the window into the new items only (a
+counter of earlier messages, say) does not change their text; the head keeps "first user
+message" and system-prompt rules exact. ``window=None`` runs the template over the whole
+conversation every turn (exact for any template, O(messages) of template work per turn).
 
 History rewrites. Some templates change what they rendered for earlier messages: Qwen3 drops the
 reasoning of assistant turns once a later user message exists, a tool message closes a block that
@@ -544,11 +561,21 @@ class HFRenderer:
         head, header = tip.head, tip.header
         if head is None or header is None:
             return None
+        # A message (a user turn, a final answer) may make the template rewrite what it rendered
+        # since the last user message (Qwen3 drops that reasoning, gpt-oss its analysis): then the
+        # window reaches back to that user message, so a rewrite shows inside it.
+        to_user = any(isinstance(item, Message) for item in items)
         tail: list[Node] = []
         cur: Node | None = node
         while cur is not None and cur.index >= len(head):
             tail.append(cur)
-            if len(tail) >= self.window and cur.parent is not None and _starts_group(self._piece(cur).item, cur.parent.data):
+            item = self._piece(cur).item
+            if (
+                len(tail) >= self.window
+                and cur.parent is not None
+                and _starts_group(item, cur.parent.data)
+                and (not to_user or (isinstance(item, Message) and item.role == "user"))
+            ):
                 break
             cur = cur.parent
         else:

@@ -54,15 +54,6 @@ def family(request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path]) -> 
     return renderer, transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _window_was_used(family: tuple[HFRenderer, Any]) -> Any:
-    """The windowed fast path really ran in these tests (not only the whole-conversation one)."""
-    yield
-    r = family[0]
-    if r.window is not None:
-        assert r.stats.window_renders > 0, r.stats
-
-
 def oracle(tokenizer: Any, instr: str | None, tools: ToolSet, items: Sequence[Item]) -> list[int]:
     """transformers' prompt for the same chat messages and tools."""
     ids = tokenizer.apply_chat_template(
@@ -124,6 +115,30 @@ def test_header_matches_transformers(family: tuple[HFRenderer, Any], tools: Tool
     log = r.begin(instr, tools)
     if r.render_text(instr, tools, []) and log.num_tokens:
         check(r, tokenizer, r.prompt(log), instr, tools, [])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path], name: str) -> None:
+    """Tool steps after tool steps take the windowed path, and every prompt is still exact; a new
+    user message renders back to the previous one."""
+    r = get_renderer(f"hf:{hf_dirs[name]}", window=2)
+    assert isinstance(r, HFRenderer)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dirs[name]))
+    tools = EMPTY_TOOLS
+    items: list[Item] = [Message(role="user", content="start")]
+    log = r.extend(r.begin("sys", tools), items)
+    for k in range(12):
+        turn: list[Item] = [
+            Reasoning(summary=[], content=[ReasoningText(f"think {k}")]),
+            FunctionCall(call_id=f"c{k}", name="f", arguments=f'{{"k": {k}}}'),
+            FunctionCallOutput(call_id=f"c{k}", output=f"out {k}"),
+        ]
+        if k % 5 == 4:
+            turn += [Message(role="assistant", content=f"done {k}"), Message(role="user", content=f"next {k}")]
+        log = r.extend(log, turn)
+        items += turn
+        check(r, tokenizer, r.prompt(log), "sys", tools, items)
+    assert r.stats.window_renders >= 8, r.stats
 
 
 def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path]) -> None:
