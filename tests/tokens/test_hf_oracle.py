@@ -121,7 +121,7 @@ def test_header_matches_transformers(family: tuple[HFRenderer, Any], tools: Tool
 def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path], name: str) -> None:
     """Tool steps after tool steps take the windowed path, and every prompt is still exact; a new
     user message renders back to the previous one."""
-    r = get_renderer(f"hf:{hf_dirs[name]}", window=2)
+    r = get_renderer(f"hf:{hf_dirs[name]}", window=1)
     assert isinstance(r, HFRenderer)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dirs[name]))
     tools = EMPTY_TOOLS
@@ -139,6 +139,16 @@ def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path],
         items += turn
         check(r, tokenizer, r.prompt(log), "sys", tools, items)
     assert r.stats.window_renders >= 8, r.stats
+    # an answer with reasoning, a system note, then a user message: the window must reach back
+    # past the note to the answer (Qwen drops its reasoning once a later user message exists)
+    for turn in (
+        [Reasoning(summary=[], content=[ReasoningText("final thoughts")]), Message(role="assistant", content="answer")],
+        [Message(role="system", content="note")],
+        [Message(role="user", content="more")],
+    ):
+        log = r.extend(log, turn)
+        items += turn
+        check(r, tokenizer, r.prompt(log), "sys", tools, items)
 
 
 def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path]) -> None:
