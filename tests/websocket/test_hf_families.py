@@ -4,6 +4,7 @@ the renderer's parser reads them back, and every frame is validated strictly."""
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 from typing import Any
 
@@ -51,4 +52,4 @@ def test_sdk_tool_loop_in_each_family_format(responses_cache_server_factory: Any
     # Qwen's template shows the reasoning of the current turn; the others leave it out
     assert (loop.reasoning == TURNS) if family == "qwen" else (loop.reasoning == 0)
     cached = [r.usage.input_tokens_details.cached_tokens for r in loop.responses]
-    assert all(b > a for a, b in zip(cached[1:], cached[2:], strict=False)), cached
+    assert all(b > a for a, b in itertools.pairwise(cached[1:])), cached
