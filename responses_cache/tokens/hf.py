@@ -186,14 +186,23 @@ def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], adde
         else:
             data = token.replace("▁", " ").encode()
         ranks.setdefault(data, index)  # a duplicate byte string keeps its first id
+    specials = dict(added)
+    top = max([*ranks.values(), *specials.values(), files.vocab_size - 1])
     for b in range(256):  # tiktoken needs every single byte
         if bytes([b]) not in ranks:
-            ranks[bytes([b])] = max([*ranks.values(), *added.values()]) + 1
+            top += 1
+            ranks[bytes([b])] = top
+    # An engine may sample any id of the model's (padded) vocabulary: ids without a token decode
+    # to a placeholder instead of failing.
+    used = set(ranks.values()) | set(specials.values())
+    for index in range(top + 1):
+        if index not in used:
+            specials[f"<|unused_id_{index}|>"] = index
     enc = tiktoken.Encoding(
         name,
         pat_str=r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
         mergeable_ranks=ranks,
-        special_tokens=dict(added),
+        special_tokens=specials,
     )
     _encodings[name] = enc
     return enc
@@ -254,7 +263,7 @@ class HFRenderer:
         self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
         label = files.path.name or "model"
         self._name = f"hf/{label}-{files.digest[:8]}"
-        self._encoding = _decoding_table(f"hf-{files.digest}", files, vocab, self._added)
+        self._encoding = _decoding_table(f"hf-{files.digest}-{files.vocab_size}", files, vocab, self._added)
         self._stats = RenderStats()
         self.format = parser or detect_format(files.chat_template)
         stops = [self._added[t] for t in _END_TOKENS if t in self._added]

@@ -50,6 +50,8 @@ class ModelFiles:
     template_tokens: dict[str, str]
     #: Token ids ``generation_config.json`` lists as ``eos_token_id`` (may be empty).
     generation_eos: tuple[int, ...]
+    #: ``vocab_size`` of ``config.json`` (the ids an engine may sample; 0 when unknown).
+    vocab_size: int = 0
 
     @property
     def digest(self) -> str:
@@ -163,7 +165,8 @@ def load_model_files(spec: str, *, chat_template: str | None = None) -> ModelFil
     tokens = {key: text for key in TEMPLATE_TOKENS if (text := _token_text(config.get(key))) is not None}
     generation = _read_json(directory / "generation_config.json").get("eos_token_id")
     eos_ids = (generation,) if isinstance(generation, int) else tuple(i for i in generation or () if isinstance(i, int))
-    return ModelFiles(directory, tokenizer_json, template, tokens, eos_ids)
+    vocab_size = _read_json(directory / "config.json").get("vocab_size")
+    return ModelFiles(directory, tokenizer_json, template, tokens, eos_ids, vocab_size if isinstance(vocab_size, int) else 0)
 
 
 # -- the template environment ----------------------------------------------------------------

@@ -240,3 +240,18 @@ def test_tool_call_prefix_parses_as_a_call(dirs: dict[str, pathlib.Path]) -> Non
         events = parse(r, r.tool_call_prefix("shell") + rest)
         assert [type(e) for e in events] == [ToolCallStart, ToolCallDelta], (family, events)
         assert json.loads(events[1].arguments) == {"cmd": "ls"}
+
+
+def test_ids_of_the_padded_vocabulary_decode(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """A model's ``vocab_size`` may exceed its tokenizer's: such ids (a random-weight model samples
+    them) decode to a placeholder instead of failing the stream."""
+    model = tmp_path / "padded"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((dirs["llama3"] / name).read_bytes())
+    r = get_renderer(f"hf:{model}")
+    size = len(hf(dirs, "llama3").encoding.token_byte_values()) + len(r.encoding.special_tokens_set)
+    (model / "config.json").write_text(json.dumps({"vocab_size": size + 64}))
+    padded = get_renderer(f"hf:{model}", template_kwargs={"date_string": "1 Jan 2026"})
+    assert padded.encoding.decode_bytes([size + 63]) == f"<|unused_id_{size + 63}|>".encode()
+    assert padded.decode([*padded.encode_text("hi"), size + 10]) == f"hi<|unused_id_{size + 10}|>"
