@@ -255,3 +255,17 @@ def test_ids_of_the_padded_vocabulary_decode(dirs: dict[str, pathlib.Path], tmp_
     padded = get_renderer(f"hf:{model}", template_kwargs={"date_string": "1 Jan 2026"})
     assert padded.encoding.decode_bytes([size + 63]) == f"<|unused_id_{size + 63}|>".encode()
     assert padded.decode([*padded.encode_text("hi"), size + 10]) == f"hi<|unused_id_{size + 10}|>"
+
+
+def test_mistral_and_plain_parsers() -> None:
+    from responses_cache.tokens.hf_parsing import family_parser
+
+    mistral = family_parser("mistral", frozenset(), in_think=False, specials=frozenset({"</s>", "[TOOL_CALLS]"}))
+    text = 'ok[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "ns.g", "arguments": {}}]</s>'
+    events = [e for ch in text for e in mistral.feed(ch)] + list(mistral.close())
+    assert events == [TextDelta("o"), TextDelta("k"), ToolCallStart(name="f"), ToolCallDelta('{"a": 1}'), ToolCallStart(name="g", namespace="ns"), ToolCallDelta("{}")]
+    plain = family_parser("plain", frozenset(), in_think=True, specials=frozenset({"</s>"}))
+    events = list(plain.feed("hm</think>hi</s>")) + list(plain.close())
+    assert events == [ReasoningDelta("hm"), TextDelta("hi")]
+    with pytest.raises(ValueError, match="unknown output format"):
+        family_parser("nope", frozenset(), in_think=False, specials=frozenset())
