@@ -377,9 +377,15 @@ class HFRenderer:
         return self._render(chat_messages(instructions, items), chat_tools(tools), add_generation_prompt)
 
     def chat_messages(self, instructions: str | None, items: Sequence[Item]) -> list[dict[str, Any]]:
-        """The conversation as the chat messages this renderer hands the template (send the same
-        to an engine's ``/tokenize`` or chat endpoint to compare)."""
+        """The conversation as the chat messages this renderer hands the template (arguments as
+        objects; :func:`~.hf_messages.engine_messages` gives the wire form an engine's
+        ``/tokenize`` or chat endpoint takes)."""
         return chat_messages(instructions, items)
+
+    @staticmethod
+    def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
+        """The request's tools as the template (and an engine's chat endpoint) sees them."""
+        return chat_tools(tools)
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
         import jinja2

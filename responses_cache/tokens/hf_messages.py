@@ -153,6 +153,25 @@ def chat_messages(
     return out
 
 
+def engine_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` in the chat-completions wire format an engine's ``/tokenize`` or chat endpoint
+    takes: call arguments as JSON text (vLLM parses them back into the object the template sees)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _argument_text(call["function"]["arguments"])}}
+                for call in calls
+            ]}
+        out.append(message)
+    return out
+
+
+def _argument_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 def template_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as ``apply_chat_template`` hands them to the template: reasoning also under
     ``thinking`` (the name gpt-oss-style templates read)."""

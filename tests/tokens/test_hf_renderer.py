@@ -271,3 +271,17 @@ def test_mistral_and_plain_parsers() -> None:
     assert events == [ReasoningDelta("hm"), TextDelta("hi")]
     with pytest.raises(ValueError, match="unknown output format"):
         family_parser("nope", frozenset(), in_think=False, specials=frozenset())
+
+
+def test_engine_messages_carry_arguments_as_json_text(dirs: dict[str, pathlib.Path]) -> None:
+    """What goes to an engine's /tokenize: the same messages, call arguments as JSON text that
+    parses back to the object the template saw."""
+    from responses_cache.tokens.hf_messages import engine_messages
+
+    r = hf(dirs, "qwen")
+    items: list[Item] = [Message(role="user", content="go"), FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls é"}')]
+    messages = r.chat_messages("sys", items)
+    wire = engine_messages(messages)
+    assert wire[2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "ls é"}'
+    assert json.loads(wire[2]["tool_calls"][0]["function"]["arguments"]) == messages[2]["tool_calls"][0]["function"]["arguments"]
+    assert [m["role"] for m in wire] == ["system", "user", "assistant"] and r.chat_tools(TOOLS) is not None
