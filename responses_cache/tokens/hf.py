@@ -252,7 +252,6 @@ class HFRenderer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         decoder = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in decoder.items()}
-        self._special = frozenset(t.content for t in decoder.values() if t.special)
         longest_first = sorted(self._added, key=len, reverse=True)
         self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
         self._added_end_re = re.compile("(?:" + "|".join(map(re.escape, longest_first)) + ")$" if longest_first else "(?!)")
