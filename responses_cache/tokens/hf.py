@@ -258,6 +258,8 @@ class HFRenderer:
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
+        #: Short texts from an added token to the end of a turn (``<|im_end|>\n``…) -> their ids.
+        self._tail_cache: dict[str, list[int]] = {}
         options = repr((history, sorted(self.template_kwargs.items()), files.digest))
         self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
         label = files.path.name or "model"
@@ -424,8 +426,13 @@ class HFRenderer:
             if not whole:
                 return None
             start = 0
-        before = self._encode(old[start:]) if start < len(old) else []
-        both = self._encode(old[start:] + new)
+        tail = old[start:]
+        before = self._tail_cache.get(tail) if len(tail) <= 64 else None
+        if before is None:
+            before = self._encode(tail) if tail else []
+            if len(tail) <= 64 and len(self._tail_cache) < 256:
+                self._tail_cache[tail] = before
+        both = self._encode(tail + new)
         if both[: len(before)] != before:
             return None
         return both[len(before) :]
@@ -613,7 +620,7 @@ class HFRenderer:
         if not before.startswith(tip.head_text) or not after.startswith(before):
             return None
         recent = before[len(tip.head_text) :]
-        old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[-1])
+        old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
         if not old_tail.endswith(recent):
             self._stats.window_misses += 1
             return None
