@@ -14,7 +14,9 @@ reasoning deltas, message text deltas and tool calls (``ToolCallStart`` then the
 ==========  ==========================================================================
 
 Every family reads ``<think>…</think>`` as reasoning (``in_think``: the generation prompt opened
-it already). Other added tokens (end of turn, role markers) are dropped from the text. A call to
+it already). A call's arguments stream as deltas once its name is known (the name first, then a
+JSON object: each format's usual order); a call in another order, or to a custom tool, is parsed
+whole when its block ends, and one that does not parse is text. Other added tokens (end of turn, role markers) are dropped from the text. A call to
 one of the request's custom tools (declared with one ``input`` parameter) becomes a custom tool
 call carrying that text.
 """
@@ -36,6 +38,46 @@ _DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 _DS_CALL_END = "<｜tool▁call▁end｜>"
 _DS_SEP = "<｜tool▁sep｜>"
 _DS_BODY = re.compile(r"^\s*(?:function)?\s*" + re.escape(_DS_SEP) + r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*)\n```\s*$", re.S)
+
+
+_NAME = r'"(?P<name>(?:[^"\\]|\\.)*)"'
+#: Per format: what precedes a call's arguments (its name inside); the arguments, a JSON object,
+#: then stream as they come. ``search``: several calls may follow in one block.
+_CALL_PREFIX = {
+    "hermes": re.compile(r'\s*\{\s*"name"\s*:\s*' + _NAME + r'\s*,\s*"arguments"\s*:\s*'),
+    "llama3": re.compile(r'[\s;]*\{\s*"name"\s*:\s*' + _NAME + r'\s*,\s*"(?:parameters|arguments)"\s*:\s*'),
+    "mistral": re.compile(r'[\s\[,]*\{\s*"name"\s*:\s*' + _NAME + r'\s*,\s*"arguments"\s*:\s*'),
+    "deepseek": re.compile(r"\s*(?:function)?\s*" + re.escape(_DS_SEP) + r"(?P<name>[^\n]*)\n```(?:json)?\n"),
+}
+
+
+class _JsonValue:
+    """Finds where a JSON object or array ends in text fed piece by piece."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str) -> tuple[int, bool]:
+        """(how many characters of ``text`` belong to the value, whether it ended)."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1, True
+        return len(text), False
 
 
 def detect_format(template: str) -> str:
@@ -92,6 +134,10 @@ class FamilyParser:
         self._mode = "think" if in_think else "text"  # "text" | "think" | "call"
         self._call = ""
         self._started = False  # llama3: whether the reply's first character was seen
+        self._prefix = _CALL_PREFIX.get(fmt)
+        self._args: _JsonValue | None = None  # the arguments being streamed
+        self._streamed = False  # this block's calls were streamed (no parsing at its end)
+        self._buffered = False  # a call this parser cannot stream (a custom tool's input)
 
     def feed(self, text: str) -> Iterator[BackendEvent]:
         buffer = self._pending + text
@@ -109,7 +155,7 @@ class FamilyParser:
             if tag in self._tags:
                 yield from self._switch(tag)
             elif self._mode == "call" and tag == _DS_SEP:
-                self._call += tag  # the separator inside a DeepSeek call
+                yield from self._call_text(tag)  # the separator inside a DeepSeek call
 
     def close(self) -> Iterator[BackendEvent]:
         pending, self._pending = self._pending, ""
@@ -135,13 +181,45 @@ class FamilyParser:
                 return
             self._started = True
             if stripped.startswith("{"):
-                self._mode, self._call = "call", stripped
+                self._mode, self._call = "call", ""
+                yield from self._call_text(stripped)
                 return
             text, self._call = self._call + text, ""
         if self._mode == "call":
-            self._call += text
+            yield from self._call_text(text)
         else:
             yield TextDelta(text)
+
+    def _call_text(self, text: str) -> Iterator[BackendEvent]:
+        """Text inside a call block: once the name is known, the arguments stream as deltas."""
+        self._call += text
+        while self._prefix is not None and not self._buffered:
+            if self._args is None:
+                match = (self._prefix.search if self._streamed else self._prefix.match)(self._call)
+                rest = self._call[match.end() :] if match is not None else ""
+                if match is None or not rest.lstrip():
+                    return  # wait for the name and the first character of the arguments
+                if rest.lstrip()[0] not in "{[" or self._unescape(match.group("name")) in self._custom:
+                    self._buffered = not self._streamed  # parsed whole when the block ends
+                    return
+                name = self._unescape(match.group("name")).strip()
+                namespace, _, short = name.rpartition(".")
+                yield ToolCallStart(name=short or name, namespace=namespace or None)
+                self._args, self._streamed, self._call = _JsonValue(), True, rest.lstrip()
+            used, done = self._args.feed(self._call)
+            if used:
+                yield ToolCallDelta(self._call[:used])
+            self._call = self._call[used:]
+            if not done:
+                return
+            self._args = None
+
+    @staticmethod
+    def _unescape(name: str) -> str:
+        try:
+            return str(json.loads(f'"{name}"'))
+        except ValueError:
+            return name
 
     def _switch(self, tag: str) -> Iterator[BackendEvent]:
         if tag == "<think>":
@@ -160,6 +238,9 @@ class FamilyParser:
     def _finish_call(self) -> Iterator[BackendEvent]:
         body, self._call = self._call, ""
         self._mode = "text"
+        streamed, self._streamed, self._buffered, self._args = self._streamed, False, False, None
+        if streamed:
+            return  # the calls went out as they came; the rest is the block's closing syntax
         calls = self._calls(body)
         if calls is None:
             opener = self._open[0] if self._open else ""

@@ -177,7 +177,10 @@ def test_model_directory_forms(dirs: dict[str, pathlib.Path], tmp_path: pathlib.
 def parse(r: HFRenderer, text: str, custom: frozenset[str] = frozenset()) -> list[Any]:
     """Events of ``text`` fed one character at a time (coalesced per kind)."""
     parser = r.output_parser(custom)
-    events = [e for ch in text for e in parser.feed(ch)] + list(parser.close())
+    return coalesce([e for ch in text for e in parser.feed(ch)] + list(parser.close()))
+
+
+def coalesce(events: list[Any]) -> list[Any]:
     out: list[Any] = []
     for e in events:
         if out and type(e) is type(out[-1]) and isinstance(e, (TextDelta, ReasoningDelta, ToolCallDelta)):
@@ -265,8 +268,8 @@ def test_mistral_and_plain_parsers() -> None:
 
     mistral = family_parser("mistral", frozenset(), in_think=False, specials=frozenset({"</s>", "[TOOL_CALLS]"}))
     text = 'ok[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "ns.g", "arguments": {}}]</s>'
-    events = [e for ch in text for e in mistral.feed(ch)] + list(mistral.close())
-    assert events == [TextDelta("o"), TextDelta("k"), ToolCallStart(name="f"), ToolCallDelta('{"a": 1}'), ToolCallStart(name="g", namespace="ns"), ToolCallDelta("{}")]
+    events = coalesce([e for ch in text for e in mistral.feed(ch)] + list(mistral.close()))
+    assert events == [TextDelta("ok"), ToolCallStart(name="f"), ToolCallDelta('{"a": 1}'), ToolCallStart(name="g", namespace="ns"), ToolCallDelta("{}")]
     plain = family_parser("plain", frozenset(), in_think=True, specials=frozenset({"</s>"}))
     events = list(plain.feed("hm</think>hi</s>")) + list(plain.close())
     assert events == [ReasoningDelta("hm"), TextDelta("hi")]
@@ -286,3 +289,17 @@ def test_engine_messages_carry_arguments_as_json_text(dirs: dict[str, pathlib.Pa
     assert wire[2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "ls é"}'
     assert json.loads(wire[2]["tool_calls"][0]["function"]["arguments"]) == messages[2]["tool_calls"][0]["function"]["arguments"]
     assert [m["role"] for m in wire] == ["system", "user", "assistant"] and r.chat_tools(TOOLS) is not None
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
+def test_call_arguments_stream_before_the_call_ends(dirs: dict[str, pathlib.Path], family: str) -> None:
+    """The arguments go out as they arrive, not when the call's closing marker does."""
+    r = hf(dirs, family)
+    text = sampled_text(r, [Message(role="user", content="go")], [FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls -la /tmp"}')])
+    parser = r.output_parser()
+    cut = text.index("/tmp") + 2
+    early = list(parser.feed(text[:cut]))
+    assert isinstance(early[0], ToolCallStart) and early[0].name == "shell"
+    assert "".join(e.arguments for e in early[1:]) == '{"cmd": "ls -la /t'
+    rest = [e for e in [*parser.feed(text[cut:]), *parser.close()] if not (isinstance(e, TextDelta) and not e.text.strip())]
+    assert "".join(e.arguments for e in rest) == 'mp"}' and all(isinstance(e, ToolCallDelta) for e in rest)
