@@ -40,8 +40,8 @@ the next tool message reopens, a date in a system header changes, a new system m
 header. The prefix check detects every such case, and ``history`` decides:
 
 ``"template"`` (default)
-    Follow the template: the conversation is tokenized again from the start of the rewritten
-    text, so the prompt always equals the template's rendering of the messages -- exactly what the
+    Follow the template: the conversation is tokenized again from the start of the first turn
+    the template rewrote (earlier turns keep their tokens), so the prompt always equals the template's rendering of the messages -- exactly what the
     engine's own chat endpoint would build. Sampled ids are not kept (the output items are
     rendered), for the same reason.
 ``"keep"``
@@ -560,7 +560,34 @@ class HFRenderer:
             if merged is not None:
                 return merged
         self._stats.rewinds += 1
+        kept = self._keep_turns(chain, pieces, text)
+        if kept is not None:
+            start, ids = kept
+            gen = self._generation(text, prompt_text)
+            before = sum(len(p.text) for p in pieces[:start])
+            return self._append(chain[start - 1], all_items[start - 1 :], text[before:], array("I", ids), gen)
         return self._rebuild(chain[0], all_items, text, prompt_text)
+
+    def _keep_turns(self, chain: list[Node], pieces: list[_Piece], text: str) -> tuple[int, list[int]] | None:
+        """After a rewrite: the last turn start (an index into ``chain``) whose earlier text the
+        new text still begins with, and the tokens of the new text from there; None if none."""
+        old = "".join(p.text for p in pieces)
+        low, high = 0, min(len(old), len(text))  # the common prefix, by bisection (memcmp)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if text.startswith(old[:mid]):
+                low = mid
+            else:
+                high = mid - 1
+        offset = sum(len(p.text) for p in pieces)
+        for k in range(len(chain) - 1, 0, -1):
+            offset -= len(pieces[k].text)
+            if chain[k].flags & JOINED or offset > low:
+                continue
+            ids = self._tokens_after(old[:offset], text[offset:])
+            if ids is not None:
+                return k, ids
+        return None
 
     def _keep_sampled(self, tip: _Piece, added: str, sampled: Sequence[int] | None) -> array[int] | None:
         if sampled is None or self.history != "keep":

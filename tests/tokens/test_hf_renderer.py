@@ -95,6 +95,22 @@ def test_rewrite_policy_template_retokenizes_only_on_rewrites(dirs: dict[str, pa
     assert r.stats.rewinds == 1 and "step 0" not in r.decode(list(r.prompt(log)))
 
 
+def test_a_rewrite_retokenizes_from_the_rewritten_turn_only(dirs: dict[str, pathlib.Path]) -> None:
+    """Each new user message drops the reasoning of the turn before it (Qwen): the log keeps every
+    earlier turn's tokens and encodes the text from the rewritten turn on."""
+    r = hf(dirs, "qwen", window=None)
+    log = r.begin("be brief", EMPTY_TOOLS)
+    spent = []
+    for k in range(12):
+        before = r.stats.tokens_encoded
+        log = r.extend(log, [Message(role="user", content=f"question {k}: {LOREM}")])
+        spent.append(r.stats.tokens_encoded - before)
+        log = r.extend(log, [Reasoning(summary=[], content=[ReasoningText(f"thinking {k}: {LOREM}")]), Message(role="assistant", content=f"answer {k}")])
+    assert r.stats.rewinds == 11
+    turn = len(r.encode_text(LOREM))
+    assert max(spent) < 4 * turn < log.num_tokens // 3, (spent, turn, log.num_tokens)
+
+
 def test_keep_policy_keeps_sampled_ids(dirs: dict[str, pathlib.Path]) -> None:
     """``history="keep"``: the sampled ids stay in the log, exactly; the next turn appends the
     template's text for the new items after them."""
