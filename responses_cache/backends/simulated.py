@@ -21,6 +21,11 @@ Default policy, enough to drive a real agent client end to end:
    quoting the last non-empty line of the output.
 4. Otherwise → a text answer.
 
+With a route whose renderer is a model's own template (``hf:<model dir>``), the reply is sampled
+in that model's format -- reasoning, then the call or the answer, the template's text up to its
+first stop token -- and parsed back with the renderer's output parser, so the server's parsing,
+sampled-id and rendering paths run as they would against a real engine.
+
 Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
 first ``tool_calls`` turns after a user message each call the first function tool with arguments of
 ``argument_tokens`` tokens, then one final answer of ``answer_tokens`` tokens.
@@ -29,6 +34,7 @@ first ``tool_calls`` turns after a user message each call the first function too
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
 import json
 import re
@@ -36,10 +42,21 @@ import time
 from array import array
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
-from ..protocol.items import CustomToolCallOutput, FunctionCallOutput, Message, text_of
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    ReasoningText,
+    text_of,
+)
 from ..protocol.tools import FunctionTool
 from ..tokens.log import TokenLog
 from .base import (
@@ -51,6 +68,9 @@ from .base import (
     ToolCallDelta,
     ToolCallStart,
 )
+
+if TYPE_CHECKING:
+    from ..tokens.parsing import OutputParser
 
 _BACKTICKS = re.compile(r"`([^`\n]+)`")
 _FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -114,6 +134,29 @@ class SimulatedEngine:
             await asyncio.sleep((prompt_tokens - cached) / cfg.prefill_tokens_per_s)
         plan = self._plan(request)
         calls = plan.call is not None or plan.custom is not None
+        spoken = self._speak(request, plan)
+        if spoken is not None:
+            # The route renders with a model's own template: sample the reply in its format and
+            # parse it back with the renderer's parser, as a real engine's output would be.
+            ids, parser = spoken
+            assert request.prompt is not None
+            started = False
+            utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            decode_start = self._clock()
+            for i, token in enumerate(ids):
+                if not cfg.instant:
+                    delay = decode_start + (i + 1) / cfg.output_tokens_per_s - self._clock()
+                    if delay > 0.001:
+                        await asyncio.sleep(delay)
+                for event in parser.feed(utf8.decode(request.prompt.renderer.encoding.decode_bytes([token]))):
+                    started = started or isinstance(event, ToolCallStart)
+                    yield event
+            for event in parser.close():
+                started = started or isinstance(event, ToolCallStart)
+                yield event
+            usage = EngineUsage(prompt_tokens=prompt_tokens, cached_tokens=cached, output_tokens=len(ids))
+            yield Finish(reason="tool_calls" if started else "stop", usage=usage, token_ids=ids)
+            return
         pieces = self._tokenize(request, plan.arguments if calls else plan.text)
         if plan.custom is not None:
             yield ToolCallStart(name=plan.custom, custom=True)
@@ -152,6 +195,31 @@ class SimulatedEngine:
         cached = self._kv.lookup_and_insert(tokens, resume=resume, salt=request.cache_salt)
         self._resume[request.affinity_key] = (log, self._kv.last_boundary)
         return len(tokens), cached
+
+    def _speak(self, request: GenerationRequest, plan: _Plan) -> tuple[list[int], OutputParser] | None:
+        """With an ``hf`` renderer: the reply's ids in the model's format (reasoning, then the call
+        or the answer, up to the first stop token) and the renderer's parser; else None."""
+        from ..tokens.hf import HFRenderer
+
+        renderer = request.prompt.renderer if request.prompt is not None else None
+        if not isinstance(renderer, HFRenderer):
+            return None
+        reply: list[Item] = [Reasoning(summary=[], content=[ReasoningText("Planning the next step.")])]
+        if plan.custom is not None:
+            reply.append(CustomToolCall(call_id="call_sim", name=plan.custom, input=plan.arguments))
+        elif plan.call is not None:
+            reply.append(FunctionCall(call_id="call_sim", name=plan.call.name, arguments=plan.arguments, namespace=plan.namespace))
+        else:
+            reply.append(Message(role="assistant", content=plan.text))
+        items = request.conversation.items()
+        prompt = renderer.render_text(request.instructions, request.tools, items, add_generation_prompt=True)
+        full = renderer.render_text(request.instructions, request.tools, [*items, *reply])
+        text = full[len(prompt) :] if full.startswith(prompt) else full[len(renderer.render_text(request.instructions, request.tools, items)) :]
+        ids = renderer.encode_with_specials(text)
+        stops = set(renderer.sampling_stop_tokens)
+        end = next((i for i, t in enumerate(ids) if t in stops), None)
+        ids = ids[: end + 1] if end is not None else [*ids, renderer.end_token(bool(plan.call or plan.custom))]
+        return ids, renderer.output_parser(frozenset(c.name for c in request.tools.customs()))
 
     def _tokenize(self, request: GenerationRequest, text: str) -> list[str]:
         if request.prompt is not None:

@@ -4,7 +4,7 @@ Usage (see ``docs/tokenization.md``)::
 
     from responses_cache.tokens import get_renderer
 
-    r = get_renderer("harmony")                   # or get_renderer("chatml", encoding="cl100k_base")
+    r = get_renderer("harmony")                   # or "chatml", or "hf:/path/to/model" (its own template)
     log = r.begin(instructions, tools)            # header only
     log = r.extend(log, new_input_items)          # renders the new items only
     ids = r.prompt(log)                           # array('I'): log + "<|start|>assistant"
@@ -16,6 +16,7 @@ from .chatml import ChatMLRenderer
 from .errors import RenderError, UnknownCallError, UnsupportedContentError, VocabularyError
 from .factory import get_renderer
 from .harmony import HarmonyRenderer
+from .hf import HFRenderer
 from .log import TokenLog
 from .vocab import VOCAB_DIR_ENV, load_encoding
 
@@ -23,6 +24,7 @@ __all__ = [
     "VOCAB_DIR_ENV",
     "BaseRenderer",
     "ChatMLRenderer",
+    "HFRenderer",
     "HarmonyRenderer",
     "RenderError",
     "RenderStats",

@@ -77,6 +77,16 @@ class RenderStats:
     rewinds: int = 0
     #: Nodes relinked by those rewrites (their tokens are reused, not re-encoded).
     items_relinked: int = 0
+    #: Turns re-tokenized with the next one because their tokens merge across the boundary (the
+    #: ``hf`` renderer, templates without an added token between messages).
+    turns_merged: int = 0
+    #: ``hf``: turns rendered by running the template over a window of recent items...
+    window_renders: int = 0
+    #: ...windows whose text for the old items differed from the log's (the whole conversation
+    #: was rendered instead)...
+    window_misses: int = 0
+    #: ...and turns rendered by running the template over the whole conversation.
+    full_renders: int = 0
 
 
 @runtime_checkable
@@ -124,6 +134,8 @@ class Renderer(Protocol):
     ) -> TokenLog: ...
 
     def encode_text(self, text: str) -> list[int]: ...
+
+    def encode_with_specials(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -377,6 +389,11 @@ class BaseRenderer(ABC):
     def encode_text(self, text: str) -> list[int]:
         """Plain-text tokens (special-token look-alikes stay plain text)."""
         return self._encoding.encode_ordinary(text)
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Tokens of ``text`` with its special tokens recognised (what an engine's ``/tokenize``
+        gives for the text: the tokenizer handshake, a tool-call prefill)."""
+        return self._encoding.encode(text, allowed_special="all")
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens as their names; invalid UTF-8 replaced)."""

@@ -72,6 +72,7 @@ class Node:
         "call_id",
         "call_target",
         "ctx",
+        "data",
         "facts",
         "flags",
         "hidden_before",
@@ -92,6 +93,7 @@ class Node:
         hidden_before: int,
         call_id: str | None = None,
         call_target: str | None = None,
+        data: object = None,
     ) -> None:
         self.parent: Node | None = parent
         self.ctx: LogContext = ctx
@@ -106,6 +108,9 @@ class Node:
         self.total: int = (0 if parent is None else parent.total) + (len(seg) if self.visible else 0)
         self.call_id = call_id
         self.call_target = call_target
+        #: What a renderer keeps with the segment to extend the log later (the ``hf`` renderer:
+        #: the item and the template text it added); ``None`` for the built-in templates.
+        self.data = data
 
     def relinked(self, parent: Node, hidden_before: int) -> Node:
         """A copy of this node (same token array) under a new parent and hiding rule."""
@@ -118,6 +123,7 @@ class Node:
             hidden_before,
             self.call_id,
             self.call_target,
+            self.data,
         )
 
 

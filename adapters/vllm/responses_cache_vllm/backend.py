@@ -230,7 +230,7 @@ class EngineBackend:
         """Refuse a server whose tokenizer gives other ids than the renderer for text with the
         template's special tokens: a token-id prompt in the wrong vocabulary is silent garbage."""
         probe = renderer.decode(list(renderer.stop_tokens)) + _PROBE_TEXT + renderer.decode(list(renderer.generation_prompt))
-        expected = list(renderer.encoding.encode(probe, allowed_special="all"))
+        expected = list(renderer.encode_with_specials(probe))
         checked = 0
         for url in self.replicas.urls:
             got = await self._tokenize(url, probe)
@@ -328,7 +328,7 @@ class EngineBackend:
         assert request.prompt is not None
         renderer = request.prompt.renderer
         prefill_text = self.prefill(request, renderer)
-        prefill = list(renderer.encoding.encode(prefill_text, allowed_special="all")) if prefill_text else []
+        prefill = list(renderer.encode_with_specials(prefill_text)) if prefill_text else []
         ids = prompt + prefill
         max_tokens = request.max_output_tokens
         if self.context_window is not None:

@@ -1,0 +1,795 @@
+"""The ``hf`` renderer: any model with a Hugging Face ``tokenizer.json`` and chat template.
+
+``get_renderer("hf:/path/to/model")`` renders conversations with the model's own chat template
+(see :mod:`.hf_files` for how it is read and compiled, :mod:`.hf_messages` for the item ->
+message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library), so
+the prompt equals ``transformers.apply_chat_template(messages, tools=…, tokenize=True)`` and what
+an engine's chat endpoint computes for the same messages.
+
+Incremental rendering. A jinja template is a function of the whole conversation; running it over
+a long history every turn would cost O(messages). Each turn instead:
+
+* **renders a window**: the template runs over the *head* (the items up to and including the first
+  user message, with the instructions and tools) and the last ``window`` or more items, from a
+  message-group start (a user or system message, the first assistant item or tool output after
+  other items) -- once without the new items, once with them, once with the generation prompt.
+  When the new items hold a message (a user turn, an answer), the window starts at the last user
+  message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
+  analysis); a tool step (outputs, reasoning, calls) needs only the last few items;
+* **certifies the window**: its text for the old items (after the head's) must equal the end of
+  the log's text, and adding the new items must only append to it; otherwise (a short
+  conversation, a template that rewrites, a window that renders the old items differently) the
+  template runs over the whole conversation, exactly as ``apply_chat_template`` would;
+* **tokenizes only the new text**, starting at the last added token (special or not) of the old
+  text: the tokenizer splits added tokens out before anything else, so nothing merges across
+  that boundary; the few tokens between it and the end of the old text are re-encoded and must
+  come out unchanged (checked). A template without an added token between messages merges the
+  last turn's text with the new one's: that turn is tokenized again with the new items;
+* stores the new tokens as one segment for the turn's items (the first item holds them, the
+  others are ``JOINED``), with the items and text, so the next turn can run the template again.
+
+The window assumes what the certificate cannot see: that a template rewrites nothing before the
+last user message, and that state carried from before the window into the new items only (a
+counter of earlier messages, say) does not change their text; the head keeps "first user
+message" and system-prompt rules exact. ``window=None`` runs the template over the whole
+conversation every turn (exact for any template, O(messages) of template work per turn).
+
+History rewrites. Some templates change what they rendered for earlier messages: Qwen3 drops the
+reasoning of assistant turns once a later user message exists, a tool message closes a block that
+the next tool message reopens, a date in a system header changes, a new system message joins the
+header. The prefix check detects every such case, and ``history`` decides:
+
+``"template"`` (default)
+    Follow the template: the conversation is tokenized again from the start of the first turn
+    the template rewrote (earlier turns keep their tokens), so the prompt always equals the template's rendering of the messages -- exactly what the
+    engine's own chat endpoint would build. Sampled ids are not kept (the output items are
+    rendered), for the same reason.
+``"keep"``
+    Keep the token log as sampled: an assistant turn's segment is the generation prompt plus the
+    ids the model sampled (its end token, then the text the template puts after that token), and
+    later turns append the template's text for the new items. When the template rewrites its own
+    earlier text, there is no log-preserving prompt it describes, so ``keep`` follows the
+    template for that turn, like ``"template"``.
+
+Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import tiktoken
+
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+)
+from ..protocol.tools import ToolSet
+from .base import RenderStats, is_assistant_output
+from .errors import RenderError
+from .hf_files import ModelFiles, compile_template, load_model_files
+from .hf_messages import chat_messages, chat_tools, qualified, template_view
+from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
+
+if TYPE_CHECKING:
+    from .parsing import OutputParser
+
+History = Literal["template", "keep"]
+
+#: Tokens that end an assistant turn in the families we know, when the vocabulary has them.
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<｜end▁of▁sentence｜>",
+    "</s>",
+    "<|end|>",
+)
+#: Windows of the old text searched for its last added token (then all of it).
+_WINDOWS = (2048, 65536)
+
+
+def _starts_group(item: Item | None, before: object) -> bool:
+    """Whether ``item`` starts a new group of chat messages (a user or system message, the first
+    assistant-output item after other items, the first tool output after other items): where a
+    rendering window may begin."""
+    previous = before.item if isinstance(before, _Piece) else None
+    if item is None or previous is None:
+        return False
+    if isinstance(item, Message) and item.role != "assistant":
+        return True
+    if is_assistant_output(item):
+        return not is_assistant_output(previous)
+    return isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and not isinstance(
+        previous, (FunctionCallOutput, CustomToolCallOutput)
+    )
+
+
+class TemplateRenderError(RenderError):
+    """The chat template refused the conversation (``raise_exception`` or a template error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    instructions: str | None
+    tools: list[dict[str, Any]] | None
+
+
+@dataclass(slots=True)
+class _Piece:
+    """What an ``hf`` log node keeps: its item, the template text its segment stands for (the
+    first node of a turn holds the turn's text, the others ``""``), and on the last node of a turn
+    the tokens of the generation prompt that follows it."""
+
+    item: Item | None
+    text: str
+    header: _Header | None = None
+    #: The conversation's items up to and including its first user message (None before one),
+    #: and the template's text for them alone: the fixed start of every rendering window.
+    head: tuple[Item, ...] | None = None
+    head_text: str = ""
+    gen_text: str | None = None
+    gen: array[int] | None = None
+    #: Set when the template's prompt is not "log + generation prompt": the whole prompt.
+    whole_prompt: array[int] | None = None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in ``tokenizer.json``."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_encodings: dict[str, tiktoken.Encoding] = {}
+
+
+def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], added: Mapping[str, int]) -> tiktoken.Encoding:
+    """A ``tiktoken.Encoding`` with the model's id -> bytes table, for decoding sampled ids and the
+    byte-length bounds of :func:`~.base.token_floor` (prompts are tokenized by ``tokenizers``)."""
+    found = _encodings.get(name)
+    if found is not None:
+        return found
+    import json
+
+    model = json.loads(files.tokenizer_json).get("model") or {}
+    byte_level = '"ByteLevel"' in files.tokenizer_json
+    table = _byte_decoder()
+    ranks: dict[bytes, int] = {}
+    for token, index in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token in added:
+            continue
+        if byte_level:
+            try:
+                data = bytes(table[c] for c in token)
+            except KeyError:
+                data = token.encode()
+        elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token) and model.get("byte_fallback"):
+            data = bytes([int(token[3:5], 16)])
+        else:
+            data = token.replace("▁", " ").encode()
+        ranks.setdefault(data, index)  # a duplicate byte string keeps its first id
+    specials = dict(added)
+    top = max([*ranks.values(), *specials.values(), files.vocab_size - 1])
+    for b in range(256):  # tiktoken needs every single byte
+        if bytes([b]) not in ranks:
+            top += 1
+            ranks[bytes([b])] = top
+    # An engine may sample any id of the model's (padded) vocabulary: ids without a token decode
+    # to a placeholder instead of failing.
+    used = set(ranks.values()) | set(specials.values())
+    for index in range(top + 1):
+        if index not in used:
+            specials[f"<|unused_id_{index}|>"] = index
+    enc = tiktoken.Encoding(
+        name,
+        pat_str=r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens=specials,
+    )
+    _encodings[name] = enc
+    return enc
+
+
+class HFRenderer:
+    """Renders Responses conversations with a Hugging Face model's chat template and tokenizer.
+
+    ``model``: a model directory, a Hugging Face cache entry or a cached model id (see
+    :func:`~.hf_files.load_model_files`). ``history``: the rewrite policy (module docstring).
+    ``window``: how many recent items (at least) the template runs over each turn, see the module
+    docstring; ``None`` runs it over the whole conversation every turn.
+    ``template_kwargs``: extra template variables (``enable_thinking=False``,
+    ``date_string="26 Jul 2024"``…), part of the renderer's key. ``chat_template``: a template to
+    use instead of the model's (a ``.jinja`` path or the text). ``parser``: the output format
+    (``hermes``, ``llama3``, ``deepseek``, ``mistral``, ``plain``), detected from the template when
+    left out.
+    """
+
+    template = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        history: History = "template",
+        template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+        parser: str | None = None,
+        window: int | None = 8,
+    ) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be a positive number of items or None, not {window}")
+        if history not in ("template", "keep"):
+            raise ValueError(f"history must be 'template' or 'keep', not {history!r}")
+        from .hf_parsing import detect_format
+
+        files = load_model_files(model, chat_template=chat_template)
+        self.files = files
+        self.history: History = history
+        self.window = window
+        self.template_kwargs = dict(template_kwargs or {})
+        self._template = compile_template(files.chat_template)
+        self._tok = files.tokenizer()
+        self._plain = files.tokenizer()
+        self._plain.encode_special_tokens = True  # user text: special-token look-alikes stay text
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        decoder = self._tok.get_added_tokens_decoder()
+        self._added = {t.content: i for i, t in decoder.items()}
+        longest_first = sorted(self._added, key=len, reverse=True)
+        self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+        self._added_end_re = re.compile("(?:" + "|".join(map(re.escape, longest_first)) + ")$" if longest_first else "(?!)")
+        #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
+        #: before an added token merges with what follows it.
+        self._gen_cache: dict[tuple[str, str], list[int]] = {}
+        #: Short texts from an added token to the end of a turn (``<|im_end|>\n``…) -> their ids.
+        self._tail_cache: dict[str, list[int]] = {}
+        options = repr((history, sorted(self.template_kwargs.items()), files.digest))
+        self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
+        label = files.path.name or "model"
+        self._name = f"hf/{label}-{files.digest[:8]}"
+        self._encoding = _decoding_table(f"hf-{files.digest}-{files.vocab_size}", files, vocab, self._added)
+        self._stats = RenderStats()
+        self.format = parser or detect_format(files.chat_template)
+        stops = [self._added[t] for t in _END_TOKENS if t in self._added]
+        eos = files.template_tokens.get("eos_token")
+        self._eos = self._added.get(eos) if eos else None
+        if self._eos is None and stops:
+            self._eos = stops[0]
+        ids = [i for i in (self._eos, *files.generation_eos, *stops) if i is not None]
+        self._stops = tuple(dict.fromkeys(ids))
+        self._template_tokens = dict(files.template_tokens)
+        self._gen_prompt = self._typical_generation_prompt()
+
+    # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """``"hf/<model dir>-<digest>"``."""
+        return self._name
+
+    @property
+    def key(self) -> bytes:
+        """A digest of tokenizer, template, template variables and policy."""
+        return self._key
+
+    @property
+    def stats(self) -> RenderStats:
+        return self._stats
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """The model's id -> bytes table as a ``tiktoken.Encoding`` (for decoding; prompts are
+        tokenized with the model's ``tokenizers`` tokenizer)."""
+        return self._encoding
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        """EOS, ``generation_config.json``'s ``eos_token_id`` and the family's end-of-turn tokens."""
+        return self._stops
+
+    @property
+    def sampling_stop_tokens(self) -> tuple[int, ...]:
+        return self._stops
+
+    @property
+    def generation_prompt(self) -> array[int]:
+        """The generation prompt after a user message (a copy); after other messages the template
+        may give another one, which :meth:`prompt` uses."""
+        return array("I", self._gen_prompt)
+
+    def end_token(self, tool_call: bool) -> int:
+        assert self._stops, "the vocabulary has no end-of-turn token"
+        return self._eos if self._eos is not None else self._stops[0]
+
+    def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
+        from .hf_parsing import family_parser
+        from .parsing import opens_think
+
+        return family_parser(
+            self.format,
+            custom_tools,
+            in_think=opens_think(self.decode(list(self._gen_prompt))),
+            specials=frozenset(self._added),
+        )
+
+    def tool_call_prefix(self, name: str | None) -> str:
+        from .hf_parsing import tool_call_prefix
+        from .parsing import opens_think
+
+        return tool_call_prefix(self.format, name, in_think=opens_think(self.decode(list(self._gen_prompt))))
+
+    def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes:
+        h = hashlib.blake2b(self._key, digest_size=16)
+        if instructions:
+            h.update(b"\x01")
+            h.update(instructions.encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"\x00")
+        h.update(tools.fingerprint)
+        return h.digest()
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain-text tokens (special-token look-alikes stay plain text)."""
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Tokens of ``text`` with its special tokens recognised (as the engine's ``/tokenize``)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._encoding.decode(list(ids))
+
+    def count_text(self, text: str) -> int:
+        return len(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def hidden_before(self, facts: object) -> int:
+        return 0
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def render_text(
+        self,
+        instructions: str | None,
+        tools: ToolSet,
+        items: Sequence[Item],
+        *,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The template's text for the whole conversation (what :meth:`prompt` tokenizes)."""
+        return self._render(chat_messages(instructions, items), chat_tools(tools), add_generation_prompt)
+
+    def chat_messages(self, instructions: str | None, items: Sequence[Item]) -> list[dict[str, Any]]:
+        """The conversation as the chat messages this renderer hands the template (arguments as
+        objects; :func:`~.hf_messages.engine_messages` gives the wire form an engine's
+        ``/tokenize`` or chat endpoint takes)."""
+        return chat_messages(instructions, items)
+
+    @staticmethod
+    def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
+        """The request's tools as the template (and an engine's chat endpoint) sees them."""
+        return chat_tools(tools)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
+        import jinja2
+
+        kwargs = {**self._template_tokens, **self.template_kwargs}
+        try:
+            return self._template.render(
+                messages=template_view(messages), tools=tools, documents=None, add_generation_prompt=gen, **kwargs
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=at, param="type") from None
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        self._stats.tokens_encoded += len(ids)
+        return list(ids)
+
+    def _tokens_after(self, old: str, new: str, *, whole: bool = True) -> list[int] | None:
+        """The tokens ``new`` adds when the text ``old`` (already tokenized) is followed by it, or
+        None when tokens would merge across the boundary. ``whole``: ``old`` is the complete text
+        (its start is a boundary); otherwise it is a tail and must hold an added token."""
+        if not new:
+            return []
+        start = None
+        for window in (*_WINDOWS, None):
+            tail = old if window is None else old[-window:]
+            last = None
+            for last in self._added_re.finditer(tail):  # noqa: B007 - the last match is wanted
+                pass
+            if last is not None:
+                start = len(old) - len(tail) + last.start()
+                break
+            if window is not None and window >= len(old):
+                start = 0
+                break
+        if start is None or (start == 0 and not whole and not self._added_re.match(old)):
+            if not whole:
+                return None
+            start = 0
+        tail = old[start:]
+        before = self._tail_cache.get(tail) if len(tail) <= 64 else None
+        if before is None:
+            before = self._encode(tail) if tail else []
+            if len(tail) <= 64 and len(self._tail_cache) < 256:
+                self._tail_cache[tail] = before
+        both = self._encode(tail + new)
+        if both[: len(before)] != before:
+            return None
+        return both[len(before) :]
+
+    def _generation(
+        self, text: str, prompt_text: str, *, whole: bool = True
+    ) -> tuple[str | None, array[int] | None, array[int] | None]:
+        """(generation prompt text, its tokens, or -- ``whole`` texts only -- the whole prompt's
+        tokens when the prompt does not extend the conversation's text)."""
+        if prompt_text.startswith(text):
+            gen_text = prompt_text[len(text) :]
+            # The same generation prompt after the same last token comes back every turn.
+            last = self._added_end_re.search(text[-64:])
+            key = (last.group(), gen_text) if last is not None else None
+            ids = self._gen_cache.get(key) if key is not None else None
+            if ids is None:
+                ids = self._tokens_after(text, gen_text, whole=whole)
+                if ids is not None and key is not None and len(self._gen_cache) < 64:
+                    self._gen_cache[key] = ids
+            if ids is not None:
+                return gen_text, array("I", ids), None
+        if not whole:
+            return None, None, None
+        return None, None, array("I", self._encode(prompt_text))
+
+    def _typical_generation_prompt(self) -> array[int]:
+        messages = [{"role": "user", "content": "x"}]
+        try:
+            text = self._render(messages, None, False)
+            full = self._render(messages, None, True)
+        except RenderError:
+            return array("I")
+        _, gen, _ = self._generation(text, full)
+        return gen if gen is not None else array("I")
+
+    def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
+        """A log holding the header: the template's text for the instructions and tools alone
+        (empty when the template cannot render them without messages)."""
+        header = _Header(instructions or None, chat_tools(tools))
+        messages = chat_messages(header.instructions, [])
+        piece = _Piece(None, "", header)
+        seg = array("I")
+        try:
+            text = self._render(messages, header.tools, False)
+            prompt_text = self._render(messages, header.tools, True)
+        except RenderError:
+            pass
+        else:
+            seg = array("I", self._encode(text))
+            piece.text = text
+            piece.gen_text, piece.gen, piece.whole_prompt = self._generation(text, prompt_text)
+        ctx = LogContext(self.name, self._key, self.fingerprint(instructions, tools))
+        return TokenLog(Node(None, ctx, seg, 0, NO_FACTS, 0, data=piece))
+
+    def render_full(self, instructions: str | None, tools: ToolSet, items: Sequence[Item]) -> TokenLog:
+        return self.extend(self.begin(instructions, tools), items)
+
+    def prompt(self, log: TokenLog) -> array[int]:
+        """The log's tokens and the generation prompt the template gives after its last message."""
+        piece = self._piece(log._node)
+        if piece.whole_prompt is not None:
+            return array("I", piece.whole_prompt)
+        if piece.gen is None:  # a header the template could not render alone
+            chain = self._chain(log._node)
+            header = self._piece(chain[0]).header
+            assert header is not None
+            messages = chat_messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
+            return array("I", self._encode(self._render(messages, header.tools, True)))
+        out = log.tokens()
+        out.extend(piece.gen)
+        return out
+
+    def rewind(self, log: TokenLog, item_index: int) -> TokenLog:
+        """The log of the first ``item_index`` items, when a turn boundary falls there; a cut inside
+        a turn's segment raises ``ValueError`` (the caller renders in full)."""
+        node = log._node
+        if node.ctx.key != self._key:
+            raise ValueError(f"this log was rendered by {node.ctx.name} with other options")
+        if not 0 <= item_index <= log.num_items:
+            raise IndexError(f"cannot rewind a log of {log.num_items} items to {item_index}")
+        if item_index == log.num_items:
+            return log
+        if ancestor(node, item_index).flags & JOINED:
+            raise ValueError("the hf renderer cuts a log only between turns")
+        return TokenLog(ancestor(node, item_index - 1))
+
+    def extend(self, log: TokenLog, items: Sequence[Item], *, sampled: Sequence[int] | None = None) -> TokenLog:
+        """``log`` plus the template's text for ``items``, tokenized from the last added token of
+        the old text on (see the module docstring for the checks and the history policy).
+        ``sampled``: the ids the model produced after :meth:`prompt` for these output items; kept
+        only with ``history="keep"``."""
+        node = log._node
+        if node.ctx.key != self._key:
+            raise ValueError(f"this log was rendered by {node.ctx.name} with other options; {self.name} cannot extend it")
+        if not items:
+            return log
+        if sampled is not None:
+            for i, item in enumerate(items):
+                if not is_assistant_output(item):
+                    raise ValueError(f"sampled ids given, but items[{i}] ({type(item).__name__}) is not assistant output")
+        self._stats.items_rendered += len(items)
+        if self.window is not None:
+            windowed = self._extend_windowed(node, items, sampled)
+            if windowed is not None:
+                return windowed
+        chain = self._chain(node)
+        pieces = [self._piece(n) for n in chain]
+        header = pieces[0].header
+        assert header is not None
+        old_items: list[Item] = [p.item for p in pieces[1:]]  # type: ignore[misc]
+        old_text = "".join(p.text for p in pieces)
+        all_items = [*old_items, *items]
+        messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
+        text = self._render(messages, header.tools, False)
+        prompt_text = self._render(messages, header.tools, True)
+        self._stats.full_renders += 1
+        if text.startswith(old_text):
+            added = text[len(old_text) :]
+            ids = self._tokens_after(old_text, added)
+            if ids is not None:
+                seg = self._keep_sampled(pieces[-1], added, sampled)
+                gen = self._generation(text, prompt_text)
+                return self._append(node, items, added, array("I", ids) if seg is None else seg, gen)
+            merged = self._merge_last_turn(chain, pieces, items, text, prompt_text)
+            if merged is not None:
+                return merged
+        self._stats.rewinds += 1
+        kept = self._keep_turns(chain, pieces, text)
+        if kept is not None:
+            start, ids = kept
+            gen = self._generation(text, prompt_text)
+            before = sum(len(p.text) for p in pieces[:start])
+            return self._append(chain[start - 1], all_items[start - 1 :], text[before:], array("I", ids), gen)
+        return self._rebuild(chain[0], all_items, text, prompt_text)
+
+    def _keep_turns(self, chain: list[Node], pieces: list[_Piece], text: str) -> tuple[int, list[int]] | None:
+        """After a rewrite: the last turn start (an index into ``chain``) whose earlier text the
+        new text still begins with, and the tokens of the new text from there; None if none."""
+        old = "".join(p.text for p in pieces)
+        low, high = 0, min(len(old), len(text))  # the common prefix, by bisection (memcmp)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if text.startswith(old[:mid]):
+                low = mid
+            else:
+                high = mid - 1
+        offset = sum(len(p.text) for p in pieces)
+        for k in range(len(chain) - 1, 0, -1):
+            offset -= len(pieces[k].text)
+            if chain[k].flags & JOINED or offset > low:
+                continue
+            ids = self._tokens_after(old[:offset], text[offset:])
+            if ids is not None:
+                return k, ids
+        return None
+
+    def _keep_sampled(self, tip: _Piece, added: str, sampled: Sequence[int] | None) -> array[int] | None:
+        if sampled is None or self.history != "keep":
+            return None
+        seg = self._sampled_segment(tip, added, sampled)
+        if seg is None:
+            self._stats.sampled_rejected += 1
+        else:
+            self._stats.items_sampled += 1
+        return seg
+
+    def _extend_windowed(self, node: Node, items: Sequence[Item], sampled: Sequence[int] | None) -> TokenLog | None:
+        """The fast path: run the template over the head (the items up to the first user message)
+        and the last ``window``-or-more items, starting at a user message. The window is
+        *certified* -- its text for the old items must equal the end of the log's text, and adding
+        the new items must only append -- else None (the whole conversation is rendered)."""
+        assert self.window is not None
+        tip = self._piece(node)
+        head, header = tip.head, tip.header
+        if head is None or header is None:
+            return None
+        # A message (a user turn, a final answer) may make the template rewrite what it rendered
+        # since the last user message (Qwen3 drops that reasoning, gpt-oss its analysis): then the
+        # window reaches back to that user message, so a rewrite shows inside it.
+        to_user = any(isinstance(item, Message) for item in items)
+        tail: list[Node] = []
+        cur: Node | None = node
+        while cur is not None and cur.index >= len(head):
+            tail.append(cur)
+            item = self._piece(cur).item
+            if (
+                len(tail) >= self.window
+                and cur.parent is not None
+                and _starts_group(item, cur.parent.data)
+                and (not to_user or (isinstance(item, Message) and item.role == "user"))
+            ):
+                break
+            cur = cur.parent
+        else:
+            return None  # the conversation is still short: render all of it
+        tail.reverse()
+        tail_items: list[Item] = [self._piece(n).item for n in tail]  # type: ignore[misc]
+        window = [*head, *tail_items]
+
+        def lookup(call_id: str) -> str | None:
+            return find_call(node, call_id)
+
+        old_messages = chat_messages(header.instructions, window, calls=lookup)
+        new_messages = chat_messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
+        try:
+            before = self._render(old_messages, header.tools, False)
+            after = self._render(new_messages, header.tools, False)
+            prompt_text = self._render(new_messages, header.tools, True)
+        except RenderError:
+            return None  # e.g. a template checking alternation by position: render all
+        self._stats.window_renders += 1
+        if not before.startswith(tip.head_text) or not after.startswith(before):
+            return None
+        recent = before[len(tip.head_text) :]
+        old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
+        if not old_tail.endswith(recent):
+            self._stats.window_misses += 1
+            return None
+        added = after[len(before) :]
+        ids = self._tokens_after(old_tail, added, whole=whole)
+        if ids is None:
+            return None
+        seg = self._keep_sampled(tip, added, sampled)
+        gen = self._generation(old_tail + added, old_tail + prompt_text[len(before) :], whole=whole) if prompt_text.startswith(before) else None
+        if gen is None or gen[1] is None:
+            return None
+        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen)
+
+    def _tail_text(self, node: Node, chars: int) -> tuple[str, bool]:
+        """The end of the log's text, at least ``chars`` long (or all of it: then True)."""
+        parts: list[str] = []
+        total = 0
+        cur: Node | None = node
+        while cur is not None and total < chars:
+            text = self._piece(cur).text
+            parts.append(text)
+            total += len(text)
+            cur = cur.parent
+        parts.reverse()
+        return "".join(parts), cur is None
+
+    # -- machinery ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _piece(node: Node) -> _Piece:
+        piece = node.data
+        if not isinstance(piece, _Piece):
+            raise ValueError("this log was not rendered by an hf renderer")
+        return piece
+
+    @staticmethod
+    def _chain(node: Node) -> list[Node]:
+        chain: list[Node] = []
+        cur: Node | None = node
+        while cur is not None:
+            chain.append(cur)
+            cur = cur.parent
+        chain.reverse()
+        return chain
+
+    def _append(
+        self,
+        node: Node,
+        items: Sequence[Item],
+        text: str,
+        seg: array[int],
+        gen: tuple[str | None, array[int] | None, array[int] | None],
+    ) -> TokenLog:
+        """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
+        ``JOINED``; the last one holds the generation prompt ``gen``."""
+        ctx = node.ctx
+        parent = self._piece(node)
+        header = parent.header
+        head, head_text = parent.head, parent.head_text
+        if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
+            head, head_text = self._head(node, items, header)
+        last = len(items) - 1
+        for k, item in enumerate(items):
+            call_id = target = None
+            if isinstance(item, (FunctionCall, CustomToolCall)):
+                call_id, target = item.call_id, qualified(item.namespace, item.name)
+            piece = _Piece(item, text if k == 0 else "", header, head, head_text)
+            if k == last:
+                piece.gen_text, piece.gen, piece.whole_prompt = gen
+            node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
+        return TokenLog(node)
+
+    def _head(self, node: Node, items: Sequence[Item], header: _Header | None) -> tuple[tuple[Item, ...] | None, str]:
+        """The items up to and including the first user message, and the template's text for them."""
+        assert header is not None
+        found: list[Item] = [self._piece(n).item for n in self._chain(node)[1:]]  # type: ignore[misc]
+        for item in items:
+            found.append(item)
+            if isinstance(item, Message) and item.role == "user":
+                break
+        try:
+            text = self._render(chat_messages(header.instructions, found), header.tools, False)
+        except RenderError:
+            return None, ""
+        return tuple(found), text
+
+    def _merge_last_turn(
+        self, chain: list[Node], pieces: list[_Piece], items: Sequence[Item], text: str, prompt_text: str
+    ) -> TokenLog | None:
+        """The new text merges with the end of the last turn's (a template without an added token
+        between messages): tokenize the last turn and the new items together, from the start of
+        the last turn's segment. None when that does not hold either."""
+        start = len(chain) - 1
+        while start > 0 and chain[start].flags & JOINED:
+            start -= 1
+        if start == 0:
+            return None
+        before = "".join(p.text for p in pieces[:start])
+        ids = self._tokens_after(before, text[len(before) :])
+        if ids is None:
+            return None
+        self._stats.turns_merged += 1
+        turn = [p.item for p in pieces[start:]]
+        gen = self._generation(text, prompt_text)
+        return self._append(chain[start - 1], [*turn, *items], text[len(before) :], array("I", ids), gen)  # type: ignore[list-item]
+
+    def _rebuild(self, root: Node, items: Sequence[Item], text: str, prompt_text: str) -> TokenLog:
+        """A log of ``text`` tokenized afresh, reusing the header when it is still a prefix."""
+        head = self._piece(root)
+        if not text.startswith(head.text):
+            assert head.header is not None
+            root = Node(None, root.ctx, array("I"), 0, NO_FACTS, 0, data=_Piece(None, "", head.header))
+            head = self._piece(root)
+        ids = self._tokens_after(head.text, text[len(head.text) :]) if head.text else self._encode(text)
+        if ids is None:
+            assert head.header is not None
+            root = Node(None, root.ctx, array("I"), 0, NO_FACTS, 0, data=_Piece(None, "", head.header))
+            ids = self._encode(text)
+            head = self._piece(root)
+        return self._append(root, items, text[len(head.text) :], array("I", ids), self._generation(text, prompt_text))
+
+    def _sampled_segment(self, tip: _Piece, added: str, sampled: Sequence[int]) -> array[int] | None:
+        """``history="keep"``: the generation prompt, the sampled ids up to the end token, then the
+        tokens of the text the template puts after that token. None when the template's text for
+        the turn does not start with the generation prompt or has no end token."""
+        if tip.gen is None or tip.gen_text is None or not added.startswith(tip.gen_text):
+            return None
+        body = added[len(tip.gen_text) :]
+        ends = {self.decode([t]): t for t in self._stops}
+        best = max(((body.rfind(s), s) for s in ends), default=(-1, ""))
+        if best[0] < 0:
+            return None
+        at, stop_text = best
+        ids = list(sampled)
+        while ids and ids[-1] in self._stops and ids[-1] != ends[stop_text]:
+            ids.pop()
+        if not ids or ids[-1] != ends[stop_text]:
+            ids.append(ends[stop_text])
+        trailing = self._tokens_after(stop_text, body[at + len(stop_text) :])
+        if trailing is None:
+            return None
+        seg = array("I", tip.gen)
+        seg.extend(ids)
+        seg.extend(trailing)
+        return seg

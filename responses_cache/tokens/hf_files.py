@@ -1,0 +1,271 @@
+"""A Hugging Face model's tokenizer and chat template, read from its files (no ``transformers``).
+
+:func:`load_model_files` finds a model directory -- a local directory with ``tokenizer.json``, a
+Hugging Face cache entry (``.../models--org--name``), or a model id (``org/name``) already in the
+local cache -- and reads what rendering needs: the ``tokenizers`` tokenizer, the chat template
+(``chat_template.jinja``, else ``chat_template`` in ``tokenizer_config.json``), the special tokens
+the template sees (``bos_token``, ``eos_token``…) and the end-of-turn ids
+(``generation_config.json``'s ``eos_token_id`` too). Nothing is downloaded.
+
+:func:`compile_template` compiles the template the way ``transformers.apply_chat_template`` does:
+a sandboxed jinja2 environment with ``trim_blocks``/``lstrip_blocks``, the loop-controls
+extension, the ``{% generation %}`` tag, a ``tojson`` filter that keeps non-ASCII text and takes
+``indent``/``separators``/``sort_keys``, and the globals ``raise_exception``, ``strftime_now``,
+``dict`` and ``namespace`` (which refuses underscore-prefixed attributes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import VocabularyError
+
+if TYPE_CHECKING:
+    import jinja2
+    from tokenizers import Tokenizer
+
+#: The special-token attributes ``apply_chat_template`` hands the template.
+TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class ModelFilesError(VocabularyError):
+    """A model directory is missing, or lacks a readable ``tokenizer.json`` or chat template."""
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What the ``hf`` renderer reads from a model directory."""
+
+    path: Path
+    tokenizer_json: str
+    chat_template: str
+    #: ``bos_token``, ``eos_token``, ``unk_token``, ``pad_token`` -> token text (those set).
+    template_tokens: dict[str, str]
+    #: Token ids ``generation_config.json`` lists as ``eos_token_id`` (may be empty).
+    generation_eos: tuple[int, ...]
+    #: ``vocab_size`` of ``config.json`` (the ids an engine may sample; 0 when unknown).
+    vocab_size: int = 0
+
+    @property
+    def digest(self) -> str:
+        """A short digest of the tokenizer and the template (part of the renderer's key)."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(self.tokenizer_json.encode())
+        h.update(b"\x00")
+        h.update(self.chat_template.encode())
+        h.update(json.dumps(self.template_tokens, sort_keys=True).encode())
+        return h.hexdigest()
+
+    def tokenizer(self) -> Tokenizer:
+        """A new ``tokenizers.Tokenizer`` from ``tokenizer.json``."""
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - the hf extra installs it
+            raise ModelFilesError("the hf renderer needs the 'tokenizers' package: pip install 'responses-cache[hf]'") from exc
+        return Tokenizer.from_str(self.tokenizer_json)
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string or ``{"content": …}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _hub_cache() -> Path:
+    cache = os.environ.get("HF_HUB_CACHE")
+    if cache:
+        return Path(cache)
+    home = os.environ.get("HF_HOME")
+    return Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _snapshot(entry: Path) -> Path | None:
+    """The snapshot directory of a cache entry ``models--org--name`` (``refs/main``, else the
+    only or newest snapshot)."""
+    snapshots = entry / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = entry / "refs" / "main"
+    if ref.is_file():
+        chosen = snapshots / ref.read_text().strip()
+        if chosen.is_dir():
+            return chosen
+    dirs = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return dirs[-1] if dirs else None
+
+
+def resolve_model_dir(spec: str) -> Path:
+    """The directory holding ``tokenizer.json`` for ``spec`` (a path or a cached model id)."""
+    path = Path(spec).expanduser()
+    candidates: list[Path] = []
+    if path.is_dir():
+        candidates.append(path)
+        snap = _snapshot(path)
+        if snap is not None:
+            candidates.append(snap)
+    elif "/" in spec and not spec.startswith(("/", ".", "~")):
+        snap = _snapshot(_hub_cache() / ("models--" + spec.replace("/", "--")))
+        if snap is not None:
+            candidates.append(snap)
+    for candidate in candidates:
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    raise ModelFilesError(
+        f"no tokenizer.json for {spec!r}: give a model directory (or a Hugging Face cache entry, "
+        "or the id of a model already in the local cache) holding tokenizer.json and a chat template"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelFilesError(f"cannot read {path}: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def load_model_files(spec: str, *, chat_template: str | None = None) -> ModelFiles:
+    """Read the model directory ``spec`` (see :func:`resolve_model_dir`); ``chat_template``
+    overrides the model's own template (a path to a ``.jinja`` file or the template text)."""
+    directory = resolve_model_dir(spec)
+    try:
+        tokenizer_json = (directory / "tokenizer.json").read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelFilesError(f"cannot read {directory / 'tokenizer.json'}: {exc}") from exc
+    config = _read_json(directory / "tokenizer_config.json")
+    template: str | None = None
+    if chat_template is not None:
+        override = Path(chat_template).expanduser()
+        template = override.read_text(encoding="utf-8") if "{" not in chat_template and override.is_file() else chat_template
+    elif (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    else:
+        raw = config.get("chat_template")
+        if isinstance(raw, list):  # named templates: [{"name": "default", "template": …}, …]
+            named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+            raw = named.get("default")
+        template = raw if isinstance(raw, str) else None
+    if not template:
+        raise ModelFilesError(
+            f"{directory} has no chat template (chat_template.jinja or chat_template in "
+            "tokenizer_config.json); pass one with chat_template="
+        )
+    tokens = {key: text for key in TEMPLATE_TOKENS if (text := _token_text(config.get(key))) is not None}
+    generation = _read_json(directory / "generation_config.json").get("eos_token_id")
+    eos_ids = (generation,) if isinstance(generation, int) else tuple(i for i in generation or () if isinstance(i, int))
+    vocab_size = _read_json(directory / "config.json").get("vocab_size")
+    return ModelFiles(directory, tokenizer_json, template, tokens, eos_ids, vocab_size if isinstance(vocab_size, int) else 0)
+
+
+# -- the template environment ----------------------------------------------------------------
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_template(source: str) -> jinja2.Template:
+    """``source`` compiled in a sandboxed environment equivalent to ``apply_chat_template``'s."""
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.nodes
+        import jinja2.utils
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # pragma: no cover - the hf extra installs it
+        raise ModelFilesError("the hf renderer needs the 'jinja2' package: pip install 'responses-cache[hf]'") from exc
+
+    class GenerationTag(jinja2.ext.Extension):
+        """``{% generation %}…{% endgeneration %}`` renders its body (transformers uses it to mark
+        assistant tokens; rendering is unchanged)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    class Namespace(jinja2.utils.Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:
+            self, rest = args[0], args[1:]
+            attrs = dict(*rest, **kwargs)
+            for name in attrs:
+                Namespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            Namespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name: Any) -> None:
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"chat templates cannot set the attribute {name!r}")
+
+    class Dict:
+        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict.fromkeys(*args, **kwargs)
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    from jinja2.runtime import LoopContext
+
+    dict_attributes = frozenset(dir(dict))
+    loop_attributes = frozenset(
+        ("index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0", "previtem", "nextitem")
+    )
+
+    class Environment(ImmutableSandboxedEnvironment):  # type: ignore[misc]
+        """The sandbox with fast paths that give the same results: a message's key (``m.role``:
+        no ``dict`` attribute has that name, so jinja would fall back to ``m["role"]``), a loop
+        variable, a namespace's own value (public names only)."""
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            kind = type(obj)
+            if kind is dict and attribute not in dict_attributes:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            if (kind is LoopContext and attribute in loop_attributes) or (
+                kind is Namespace and not attribute.startswith("_") and attribute in obj._Namespace__attrs  # type: ignore[attr-defined]
+            ):
+                return getattr(obj, attribute)
+            return super().getattr(obj, attribute)
+
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = Dict()
+    env.globals["namespace"] = Namespace
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ModelFilesError(f"the chat template does not compile: {exc}") from exc

@@ -1,0 +1,184 @@
+"""Responses items as chat-completions messages, the input of a Hugging Face chat template.
+
+=========================  ===============================================================
+``instructions``           ``{"role": "system", "content": instructions}`` (first message)
+user message               ``{"role": "user", "content": text}`` (text parts joined by ``\\n``)
+system/developer message   ``{"role": "system", "content": text}``
+assistant items            one ``{"role": "assistant"}`` message per run of reasoning, assistant
+                           message and tool-call items: ``reasoning_content`` (reasoning text),
+                           ``content`` (message text; absent when the turn only calls tools),
+                           ``tool_calls`` (``{"id", "type": "function", "function": {"name",
+                           "arguments"}}``, arguments parsed from JSON when they are an object).
+                           Reasoning after content or calls, or a message after calls, starts a
+                           new assistant message.
+function_call_output       ``{"role": "tool", "tool_call_id", "name", "content"}``
+custom tool                a function with one string parameter ``input``; its calls carry
+                           ``{"input": text}`` and its outputs are tool messages
+tools                      ``{"type": "function", "function": {"name", "description",
+                           "parameters"}}`` (a namespace's functions as ``namespace.name``)
+=========================  ===============================================================
+
+Hosted-tool items have no chat form (refused with a 400). The same messages go to an engine's own
+chat endpoint (``POST /tokenize`` with ``messages``), whose template gives the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    HostedItem,
+    Item,
+    ItemReference,
+    Message,
+    Reasoning,
+)
+from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
+from .base import custom_tool_description, item_texts, reasoning_texts
+from .errors import UnknownCallError, UnrenderableItemError
+
+#: The parameters a custom tool is declared with (its calls carry ``{"input": text}``).
+CUSTOM_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"input": {"type": "string"}},
+    "required": ["input"],
+}
+_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def qualified(namespace: str | None, name: str) -> str:
+    return f"{namespace}.{name}" if namespace else name
+
+
+def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
+    """The request's function and custom tools as chat-completions tools (None without any)."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, description: str | None, parameters: dict[str, Any] | None) -> None:
+        fn: dict[str, Any] = {"name": name}
+        if description is not None:
+            fn["description"] = description
+        fn["parameters"] = parameters if parameters is not None else _NO_PARAMETERS
+        out.append({"type": "function", "function": fn})
+
+    for tool in tools.tools:
+        if isinstance(tool, FunctionTool):
+            add(tool.name, tool.description, tool.parameters)
+        elif isinstance(tool, NamespaceTool):
+            for fn in tool.tools:
+                add(qualified(tool.name, fn.name), fn.description, fn.parameters)
+        elif isinstance(tool, CustomTool):
+            add(tool.name, custom_tool_description(tool), CUSTOM_PARAMETERS)
+    return out or None
+
+
+def _arguments(text: str) -> Any:
+    """Call arguments as the template sees them: the JSON object, else the raw string."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def chat_messages(
+    instructions: str | None,
+    items: Sequence[Item],
+    *,
+    first_new: int = 0,
+    calls: Callable[[str], str | None] | None = None,
+) -> list[dict[str, Any]]:
+    """The conversation as chat messages. Errors name the item's index minus ``first_new`` (the
+    position in the items of the current call). ``calls``: the function name of a ``call_id``
+    made before ``items`` (for a window of a longer conversation)."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    names: dict[str, str] = {}
+    current: dict[str, Any] | None = None  # the assistant message being filled
+    for i, item in enumerate(items):
+        at = i - first_new
+        if isinstance(item, (HostedItem, ItemReference)):
+            kind = item.type if isinstance(item, HostedItem) else "item_reference"
+            raise UnrenderableItemError(item_index=at, item_type=kind, template="hf")
+        if isinstance(item, Reasoning):
+            text = "\n".join(reasoning_texts(item))
+            if not text:
+                continue  # nothing to show (encrypted_content only)
+            if current is None or "content" in current or "tool_calls" in current:
+                current = {"role": "assistant"}
+                out.append(current)
+            previous = current.get("reasoning_content")
+            current["reasoning_content"] = f"{previous}\n{text}" if previous else text
+        elif isinstance(item, Message) and item.role == "assistant":
+            text = "".join(item_texts(item.content, at, "content"))
+            if current is None or "content" in current or "tool_calls" in current:
+                current = {"role": "assistant"}
+                out.append(current)
+            current["content"] = text
+        elif isinstance(item, (FunctionCall, CustomToolCall)):
+            name = qualified(item.namespace, item.name)
+            names[item.call_id] = name
+            arguments = _arguments(item.arguments) if isinstance(item, FunctionCall) else {"input": item.input}
+            if current is None:
+                current = {"role": "assistant"}
+                out.append(current)
+            current.setdefault("tool_calls", []).append(
+                {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
+        else:
+            current = None
+            if isinstance(item, Message):
+                role = "user" if item.role == "user" else "system"
+                out.append({"role": role, "content": "\n".join(item_texts(item.content, at, "content"))})
+            elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+                called = names.get(item.call_id)
+                if called is None and calls is not None:
+                    called = calls(item.call_id)
+                if called is None:
+                    raise UnknownCallError(item_index=at, call_id=item.call_id)
+                text = "\n".join(item_texts(item.output, at, "output"))
+                out.append({"role": "tool", "tool_call_id": item.call_id, "name": called, "content": text})
+            else:  # pragma: no cover - every item type is handled above
+                raise TypeError(f"cannot render item of type {type(item).__name__}")
+    for message in out:
+        if message["role"] == "assistant" and "content" not in message and "tool_calls" not in message:
+            message["content"] = ""  # reasoning only: an empty answer
+    return out
+
+
+def engine_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` in the chat-completions wire format an engine's ``/tokenize`` or chat endpoint
+    takes: call arguments as JSON text (vLLM parses them back into the object the template sees)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _argument_text(call["function"]["arguments"])}}
+                for call in calls
+            ]}
+        out.append(message)
+    return out
+
+
+def _argument_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def template_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as ``apply_chat_template`` hands them to the template: reasoning also under
+    ``thinking`` (the name gpt-oss-style templates read)."""
+    out = []
+    for message in messages:
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out

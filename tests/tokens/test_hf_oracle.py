@@ -1,0 +1,171 @@
+"""The ``hf`` renderer equals ``transformers.apply_chat_template(..., tokenize=True)``.
+
+transformers (a test-only dependency) is the oracle: for each family's tokenizer and template
+(``hf_assets``), random conversations -- messages of every role, multi-part content, reasoning,
+function and custom tool calls and their outputs, instructions and tools -- are rendered turn by
+turn, forked and resent, and every prompt must equal transformers' tokens for the same messages.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    ReasoningText,
+)
+from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet
+from responses_cache.tokens import get_renderer
+from responses_cache.tokens.hf import HFRenderer
+from responses_cache.tokens.hf_messages import chat_messages, chat_tools
+
+from ._strategies import examples, instructions, items_, splits, tool_sets
+from .hf_assets import FAMILIES, available, build_tokenizer_dir
+
+pytestmark = [pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    root = tmp_path_factory.mktemp("hf-models")
+    return {family: build_tokenizer_dir(family, root / family) for family in FAMILIES if available(family)}
+
+
+@pytest.fixture(scope="module", params=[(f, w) for f in FAMILIES for w in (1, None)], ids=lambda p: f"{p[0]}-window{p[1]}")
+def family(request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path]) -> tuple[HFRenderer, Any]:
+    """A family's renderer, with the smallest rendering window (the fast path as often as
+    possible) or none (the template runs over the whole conversation every turn)."""
+    name, window = request.param
+    if name not in hf_dirs:
+        pytest.skip(f"{FAMILIES[name].package} is not installed")
+    directory = hf_dirs[name]
+    renderer = get_renderer(f"hf:{directory}", window=window)
+    assert isinstance(renderer, HFRenderer)
+    return renderer, transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def oracle(tokenizer: Any, instr: str | None, tools: ToolSet, items: Sequence[Item]) -> list[int]:
+    """transformers' prompt for the same chat messages and tools."""
+    ids = tokenizer.apply_chat_template(
+        chat_messages(instr, items), tools=chat_tools(tools), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
+def check(r: HFRenderer, tokenizer: Any, got: Sequence[int], instr: str | None, tools: ToolSet, items: Sequence[Item]) -> None:
+    if not chat_messages(instr, items):
+        return  # transformers refuses an empty conversation
+    expected = oracle(tokenizer, instr, tools, items)
+    assert list(got) == expected, (r.decode(list(got)), tokenizer.decode(expected))
+
+
+@settings(settings.get_profile("tokens"), max_examples=examples(60))
+@given(data=st.data())
+def test_turn_by_turn_matches_transformers(family: tuple[HFRenderer, Any], data: st.DataObject) -> None:
+    r, tokenizer = family
+    tools = data.draw(tool_sets(custom=True))
+    instr = data.draw(instructions)
+    items = data.draw(items_(custom=True))
+    check(r, tokenizer, r.prompt(r.render_full(instr, tools, items)), instr, tools, items)
+    log = r.begin(instr, tools)
+    prev = 0
+    logs = [(0, log)]
+    for cut in [*data.draw(splits(len(items))), len(items)]:
+        log = r.extend(log, items[prev:cut])
+        prev = cut
+        logs.append((cut, log))
+        check(r, tokenizer, r.prompt(log), instr, tools, items[:cut])
+    # a fork: an earlier log extended with other items
+    at, base = logs[data.draw(st.integers(0, len(logs) - 1))]
+    other = data.draw(items_(max_size=4))
+    fork = r.extend(base, other) if _answers_known_calls(items[:at], other) else base
+    if fork is not base:
+        check(r, tokenizer, r.prompt(fork), instr, tools, [*items[:at], *other])
+    # a resend: cut back to a turn boundary, then the rest again
+    if at < len(items) and log.splits_at(at):
+        again = r.extend(r.rewind(log, at), items[at:])
+        check(r, tokenizer, r.prompt(again), instr, tools, items)
+
+
+def _answers_known_calls(before: Sequence[Item], items: Sequence[Item]) -> bool:
+    """Whether every output in ``items`` answers a call made before it (else it is a 400)."""
+    calls = {i.call_id for i in before if isinstance(i, FunctionCall)}
+    for item in items:
+        if isinstance(item, FunctionCall):
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutput) and item.call_id not in calls:
+            return False
+    return all(not hasattr(i, "call_id") or isinstance(i, FunctionCall) or i.call_id in calls for i in items)
+
+
+@settings(settings.get_profile("tokens"), max_examples=examples(40))
+@given(tools=tool_sets(custom=True), instr=instructions)
+def test_header_matches_transformers(family: tuple[HFRenderer, Any], tools: ToolSet, instr: str | None) -> None:
+    r, tokenizer = family
+    log = r.begin(instr, tools)
+    if r.render_text(instr, tools, []) and log.num_tokens:
+        check(r, tokenizer, r.prompt(log), instr, tools, [])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path], name: str) -> None:
+    """Tool steps after tool steps take the windowed path, and every prompt is still exact; a new
+    user message renders back to the previous one."""
+    if name not in hf_dirs:
+        pytest.skip(f"{FAMILIES[name].package} is not installed")
+    r = get_renderer(f"hf:{hf_dirs[name]}", window=1)
+    assert isinstance(r, HFRenderer)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dirs[name]))
+    tools = EMPTY_TOOLS
+    items: list[Item] = [Message(role="user", content="start")]
+    log = r.extend(r.begin("sys", tools), items)
+    for k in range(12):
+        turn: list[Item] = [
+            Reasoning(summary=[], content=[ReasoningText(f"think {k}")]),
+            FunctionCall(call_id=f"c{k}", name="f", arguments=f'{{"k": {k}}}'),
+            FunctionCallOutput(call_id=f"c{k}", output=f"out {k}"),
+        ]
+        if k % 5 == 4:
+            turn += [Message(role="assistant", content=f"done {k}"), Message(role="user", content=f"next {k}")]
+        log = r.extend(log, turn)
+        items += turn
+        check(r, tokenizer, r.prompt(log), "sys", tools, items)
+    assert r.stats.window_renders >= 8, r.stats
+    # an answer with reasoning, a system note, then a user message: the window must reach back
+    # past the note to the answer (Qwen drops its reasoning once a later user message exists)
+    for turn in (
+        [Reasoning(summary=[], content=[ReasoningText("final thoughts")]), Message(role="assistant", content="answer")],
+        [Message(role="system", content="note")],
+        [Message(role="user", content="more")],
+    ):
+        log = r.extend(log, turn)
+        items += turn
+        check(r, tokenizer, r.prompt(log), "sys", tools, items)
+
+
+def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path]) -> None:
+    """Qwen-style: a later user message hides earlier reasoning; the log follows the template."""
+    r = get_renderer(f"hf:{hf_dirs['qwen']}")
+    assert isinstance(r, HFRenderer)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dirs["qwen"]))
+    turn: list[Item] = [Message(role="user", content="2+2?")]
+    answer: list[Item] = [Reasoning(summary=[], content=[ReasoningText("simple sum")]), Message(role="assistant", content="4")]
+    log = r.extend(r.extend(r.begin(None, EMPTY_TOOLS), turn), answer)
+    assert "simple sum" in r.decode(list(r.prompt(log)))
+    follow = [Message(role="user", content="and 3+3?")]
+    log = r.extend(log, follow)
+    assert r.stats.rewinds == 1
+    assert "simple sum" not in r.decode(list(r.prompt(log)))
+    check(r, tokenizer, r.prompt(log), None, EMPTY_TOOLS, [*turn, *answer, *follow])

@@ -1,0 +1,321 @@
+"""The ``hf`` renderer's own behaviour: work per turn, the history policy, cuts, errors, loading
+model files, and the family output parsers (round trip through each template)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+
+from responses_cache.backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from responses_cache.protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    HostedItem,
+    InputImage,
+    Item,
+    Message,
+    Reasoning,
+    ReasoningText,
+)
+from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
+from responses_cache.tokens import (
+    RenderError,
+    UnknownCallError,
+    UnsupportedContentError,
+    get_renderer,
+)
+from responses_cache.tokens.errors import UnrenderableItemError
+from responses_cache.tokens.hf import HFRenderer, TemplateRenderError
+from responses_cache.tokens.hf_files import ModelFilesError, resolve_model_dir
+
+from .hf_assets import FAMILIES, available, build_tokenizer_dir
+
+pytestmark = [pytest.mark.slow]
+
+LOREM = "The quick brown fox jumps over the lazy dog. " * 20
+TOOLS = parse_tools(json.dumps([{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]).encode())
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    root = tmp_path_factory.mktemp("hf-models")
+    return {family: build_tokenizer_dir(family, root / family) for family in FAMILIES if available(family)}
+
+
+def hf(dirs: dict[str, pathlib.Path], family: str, **options: Any) -> HFRenderer:
+    r = get_renderer(f"hf:{dirs[family]}", **options)
+    assert isinstance(r, HFRenderer)
+    return r
+
+
+def step(k: int) -> list[Item]:
+    return [
+        Reasoning(summary=[], content=[ReasoningText(f"step {k}: {LOREM}")]),
+        FunctionCall(call_id=f"c{k}", name="shell", arguments='{"cmd": "ls"}'),
+        FunctionCallOutput(call_id=f"c{k}", output=f"file_{k}.py\n{LOREM}"),
+    ]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tokens_encoded_per_turn_do_not_grow_with_history(dirs: dict[str, pathlib.Path], family: str) -> None:
+    """Each turn tokenizes its own text and a few tokens before it, whatever the history's size."""
+    if family not in dirs:
+        pytest.skip(f"{FAMILIES[family].package} is not installed")
+    r = hf(dirs, family)
+    log = r.extend(r.begin("be careful", TOOLS), [Message(role="user", content="Fix it. " + LOREM)])
+    costs = []
+    for k in range(40):
+        before = asdict(r.stats)
+        child = r.extend(log, step(k))
+        spent = asdict(r.stats)["tokens_encoded"] - before["tokens_encoded"]
+        new = len(r.prompt(child)) - len(r.prompt(log)) + len(r.generation_prompt)
+        costs.append(spent - new)
+        log = child
+    assert costs[-1] <= costs[1] + 8, costs  # flat: the same overhead at 40 steps as at 2
+    if family == "plain":
+        # no added token between messages: the last turn is tokenized again with the new one
+        assert r.stats.turns_merged > 0
+    else:
+        # the overhead is the re-encoded tail before the boundary and the generation prompt
+        assert max(costs) <= 64 and r.stats.turns_merged == 0, costs
+
+
+def test_rewrite_policy_template_retokenizes_only_on_rewrites(dirs: dict[str, pathlib.Path]) -> None:
+    r = hf(dirs, "qwen")
+    log = r.extend(r.begin(None, TOOLS), [Message(role="user", content="go")])
+    for k in range(5):
+        log = r.extend(log, step(k))
+    assert r.stats.rewinds == 0  # tool steps after the last user message keep their reasoning
+    log = r.extend(log, [Message(role="user", content="and now?")])
+    assert r.stats.rewinds == 1 and "step 0" not in r.decode(list(r.prompt(log)))
+
+
+def test_a_rewrite_retokenizes_from_the_rewritten_turn_only(dirs: dict[str, pathlib.Path]) -> None:
+    """Each new user message drops the reasoning of the turn before it (Qwen): the log keeps every
+    earlier turn's tokens and encodes the text from the rewritten turn on."""
+    r = hf(dirs, "qwen", window=None)
+    log = r.begin("be brief", EMPTY_TOOLS)
+    spent = []
+    for k in range(12):
+        before = r.stats.tokens_encoded
+        log = r.extend(log, [Message(role="user", content=f"question {k}: {LOREM}")])
+        spent.append(r.stats.tokens_encoded - before)
+        log = r.extend(log, [Reasoning(summary=[], content=[ReasoningText(f"thinking {k}: {LOREM}")]), Message(role="assistant", content=f"answer {k}")])
+    assert r.stats.rewinds == 11
+    turn = len(r.encode_text(LOREM))
+    assert max(spent) < 4 * turn < log.num_tokens // 3, (spent, turn, log.num_tokens)
+
+
+def test_keep_policy_keeps_sampled_ids(dirs: dict[str, pathlib.Path]) -> None:
+    """``history="keep"``: the sampled ids stay in the log, exactly; the next turn appends the
+    template's text for the new items after them."""
+    keep, follow = hf(dirs, "qwen", history="keep"), hf(dirs, "qwen")
+    items: list[Item] = [Message(role="user", content="hi")]
+    answer: list[Item] = [Message(role="assistant", content="hello there")]
+    text_ids = keep.encode_text("hello there")
+    odd = [*keep.encode_text("hel"), *keep.encode_text("lo there")]  # not the canonical split
+    assert odd != text_ids and keep.decode(odd) == "hello there"
+    sampled = [*odd, keep.end_token(False)]
+    results = []
+    for r in (keep, follow):
+        log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+        prompt = list(r.prompt(log))
+        log = r.extend(log, answer, sampled=sampled)
+        log = r.extend(log, [Message(role="user", content="bye")])
+        results.append((prompt, list(r.prompt(log))))
+    (p_keep, next_keep), (_, next_follow) = results
+    assert next_keep[: len(p_keep) + len(sampled)] == p_keep + sampled
+    assert next_follow != next_keep and keep.decode(next_follow) == keep.decode(next_keep)
+    assert keep.stats.items_sampled == 1 and follow.stats.items_sampled == 0
+
+
+def test_rewind_cuts_only_between_turns(dirs: dict[str, pathlib.Path]) -> None:
+    r = hf(dirs, "llama3")
+    first = r.extend(r.begin(None, TOOLS), [Message(role="user", content="go")])
+    log = r.extend(first, step(0))
+    assert list(r.prompt(r.rewind(log, 1))) == list(r.prompt(first))
+    assert not log.splits_at(2)
+    with pytest.raises(ValueError, match="between turns"):
+        r.rewind(log, 2)
+    with pytest.raises(ValueError, match="other options"):
+        hf(dirs, "qwen").rewind(log, 1)
+
+
+def test_bad_items_are_client_errors(dirs: dict[str, pathlib.Path]) -> None:
+    r = hf(dirs, "qwen")
+    log = r.extend(r.begin(None, EMPTY_TOOLS), [Message(role="user", content="go")])
+    with pytest.raises(UnknownCallError) as unknown:
+        r.extend(log, [Message(role="user", content="x"), FunctionCallOutput(call_id="nope", output="o")])
+    assert unknown.value.item_index == 1
+    with pytest.raises(UnsupportedContentError):
+        r.extend(log, [Message(role="user", content=[InputImage(image_url="http://x/y.png")])])
+    with pytest.raises(UnrenderableItemError):
+        r.extend(log, [HostedItem("web_search_call", b'{"type": "web_search_call"}')])
+
+
+def test_template_exceptions_are_client_errors(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    template = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}{% endif %}{{ m.content }}{% endfor %}"
+    r = hf(dirs, "plain", chat_template=template)
+    with pytest.raises(TemplateRenderError, match="no system role") as caught:
+        r.render_full("be brief", EMPTY_TOOLS, [Message(role="user", content="x")])
+    assert isinstance(caught.value, RenderError)
+
+
+def test_model_directory_forms(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory, a Hugging Face cache entry, a cached model id; a chat_template.jinja wins over
+    tokenizer_config.json's template; a missing model is a clear error."""
+    entry = tmp_path / "hub" / "models--acme--tiny"
+    snapshot = entry / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (snapshot / name).write_bytes((dirs["qwen"] / name).read_bytes())
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text("abc123")
+    assert resolve_model_dir(str(entry)) == snapshot
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_model_dir("acme/tiny") == snapshot
+    (snapshot / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    r = get_renderer("hf:acme/tiny")
+    log = r.render_full(None, EMPTY_TOOLS, [Message(role="user", content="x")])
+    assert r.decode(list(r.prompt(log))) == "[x]"
+    with pytest.raises(ModelFilesError, match=r"no tokenizer\.json"):
+        get_renderer(f"hf:{tmp_path / 'missing'}")
+
+
+# -- output parsing: what the template renders for a turn parses back into the turn's items ----
+
+
+def parse(r: HFRenderer, text: str, custom: frozenset[str] = frozenset()) -> list[Any]:
+    """Events of ``text`` fed one character at a time (coalesced per kind)."""
+    parser = r.output_parser(custom)
+    return coalesce([e for ch in text for e in parser.feed(ch)] + list(parser.close()))
+
+
+def coalesce(events: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for e in events:
+        if out and type(e) is type(out[-1]) and isinstance(e, (TextDelta, ReasoningDelta, ToolCallDelta)):
+            out[-1] = type(e)(out[-1].text + e.text) if not isinstance(e, ToolCallDelta) else ToolCallDelta(out[-1].arguments + e.arguments)
+        else:
+            out.append(e)
+    return out
+
+
+def sampled_text(r: HFRenderer, before: list[Item], turn: list[Item]) -> str:
+    """The text a model would sample for ``turn``: the template's text after the prompt."""
+    prompt = r.render_text(None, TOOLS, before, add_generation_prompt=True)
+    full = r.render_text(None, TOOLS, [*before, *turn])
+    assert full.startswith(prompt)
+    return full[len(prompt) :]
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
+def test_parser_reads_back_a_rendered_tool_turn(dirs: dict[str, pathlib.Path], family: str) -> None:
+    r = hf(dirs, family)
+    before: list[Item] = [Message(role="user", content="list files")]
+    turn: list[Item] = [
+        Reasoning(summary=[], content=[ReasoningText("use the shell")]),
+        FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls"}'),
+        FunctionCall(call_id="b", name="shell", arguments='{"cmd": "pwd"}'),
+    ]
+    events = parse(r, sampled_text(r, before, turn))
+    calls = [(e.name, json.loads(d.arguments)) for e, d in itertools.pairwise(events) if isinstance(e, ToolCallStart)]
+    assert calls == [("shell", {"cmd": "ls"}), ("shell", {"cmd": "pwd"})]
+    reasoning = [e.text.strip() for e in events if isinstance(e, ReasoningDelta)]
+    assert reasoning == (["use the shell"] if family == "qwen" else [])  # only Qwen's template shows it
+    assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()]
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral", "plain"])
+def test_parser_reads_back_a_rendered_answer(dirs: dict[str, pathlib.Path], family: str) -> None:
+    r = hf(dirs, family)
+    text = sampled_text(r, [Message(role="user", content="hi")], [Message(role="assistant", content="Hello {there}; <b>")])
+    assert "".join(e.text for e in parse(r, text) if isinstance(e, TextDelta)).strip() == "Hello {there}; <b>"
+
+
+def test_parser_custom_tools_and_streamed_reasoning(dirs: dict[str, pathlib.Path]) -> None:
+    r = hf(dirs, "qwen")
+    text = '<think>\nplan\n</think>\n\nok <tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin"}}\n</tool_call><|im_end|>'
+    events = parse(r, text, frozenset({"apply_patch"}))
+    assert events[0] == ReasoningDelta("\nplan\n")
+    start = next(e for e in events if isinstance(e, ToolCallStart))
+    assert start.custom and start.name == "apply_patch"
+    assert ToolCallDelta("*** Begin") in events
+    # a malformed call is text, not a call
+    assert parse(r, "<tool_call>{not json</tool_call>") == [TextDelta("<tool_call>{not json</tool_call>")]
+
+
+def test_tool_call_prefix_parses_as_a_call(dirs: dict[str, pathlib.Path]) -> None:
+    """``tool_choice``: the prefix the engine continues from, plus a continuation, is one call."""
+    for family, rest in (
+        ("qwen", '{"cmd": "ls"}}\n</tool_call><|im_end|>'),
+        ("llama3", '{"cmd": "ls"}}<|eot_id|>'),
+        ("deepseek", '{"cmd": "ls"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
+        ("mistral", '{"cmd": "ls"}, "id": "a"}]</s>'),
+    ):
+        r = hf(dirs, family)
+        events = parse(r, r.tool_call_prefix("shell") + rest)
+        assert [type(e) for e in events] == [ToolCallStart, ToolCallDelta], (family, events)
+        assert json.loads(events[1].arguments) == {"cmd": "ls"}
+
+
+def test_ids_of_the_padded_vocabulary_decode(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """A model's ``vocab_size`` may exceed its tokenizer's: such ids (a random-weight model samples
+    them) decode to a placeholder instead of failing the stream."""
+    model = tmp_path / "padded"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((dirs["llama3"] / name).read_bytes())
+    r = get_renderer(f"hf:{model}")
+    size = len(hf(dirs, "llama3").encoding.token_byte_values()) + len(r.encoding.special_tokens_set)
+    (model / "config.json").write_text(json.dumps({"vocab_size": size + 64}))
+    padded = get_renderer(f"hf:{model}", template_kwargs={"date_string": "1 Jan 2026"})
+    assert padded.encoding.decode_bytes([size + 63]) == f"<|unused_id_{size + 63}|>".encode()
+    assert padded.decode([*padded.encode_text("hi"), size + 10]) == f"hi<|unused_id_{size + 10}|>"
+
+
+def test_mistral_and_plain_parsers() -> None:
+    from responses_cache.tokens.hf_parsing import family_parser
+
+    mistral = family_parser("mistral", frozenset(), in_think=False, specials=frozenset({"</s>", "[TOOL_CALLS]"}))
+    text = 'ok[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "ns.g", "arguments": {}}]</s>'
+    events = coalesce([e for ch in text for e in mistral.feed(ch)] + list(mistral.close()))
+    assert events == [TextDelta("ok"), ToolCallStart(name="f"), ToolCallDelta('{"a": 1}'), ToolCallStart(name="g", namespace="ns"), ToolCallDelta("{}")]
+    plain = family_parser("plain", frozenset(), in_think=True, specials=frozenset({"</s>"}))
+    events = list(plain.feed("hm</think>hi</s>")) + list(plain.close())
+    assert events == [ReasoningDelta("hm"), TextDelta("hi")]
+    with pytest.raises(ValueError, match="unknown output format"):
+        family_parser("nope", frozenset(), in_think=False, specials=frozenset())
+
+
+def test_engine_messages_carry_arguments_as_json_text(dirs: dict[str, pathlib.Path]) -> None:
+    """What goes to an engine's /tokenize: the same messages, call arguments as JSON text that
+    parses back to the object the template saw."""
+    from responses_cache.tokens.hf_messages import engine_messages
+
+    r = hf(dirs, "qwen")
+    items: list[Item] = [Message(role="user", content="go"), FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls é"}')]
+    messages = r.chat_messages("sys", items)
+    wire = engine_messages(messages)
+    assert wire[2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "ls é"}'
+    assert json.loads(wire[2]["tool_calls"][0]["function"]["arguments"]) == messages[2]["tool_calls"][0]["function"]["arguments"]
+    assert [m["role"] for m in wire] == ["system", "user", "assistant"] and r.chat_tools(TOOLS) is not None
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
+def test_call_arguments_stream_before_the_call_ends(dirs: dict[str, pathlib.Path], family: str) -> None:
+    """The arguments go out as they arrive, not when the call's closing marker does."""
+    r = hf(dirs, family)
+    text = sampled_text(r, [Message(role="user", content="go")], [FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls -la /tmp"}')])
+    parser = r.output_parser()
+    cut = text.index("/tmp") + 2
+    early = list(parser.feed(text[:cut]))
+    assert isinstance(early[0], ToolCallStart) and early[0].name == "shell"
+    assert "".join(e.arguments for e in early[1:]) == '{"cmd": "ls -la /t'
+    rest = [e for e in [*parser.feed(text[cut:]), *parser.close()] if not (isinstance(e, TextDelta) and not e.text.strip())]
+    assert "".join(e.arguments for e in rest) == 'mp"}' and all(isinstance(e, ToolCallDelta) for e in rest)
