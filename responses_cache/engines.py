@@ -11,6 +11,10 @@
     token has been streamed yet;
   * an error chunk mid-stream, a finish reason ``abort``/``error``/``repetition`` -> a failed
     response (``server_error``), never a normal stop.
+
+* :func:`refusal`: a failure before the engine accepted the request (its 4xx, our own checks)
+  as the plain error an HTTP client would get, for a backend's ``open_stream`` to raise before
+  the response exists (``response.failed`` takes only the codes of a generation failure).
 """
 
 from __future__ import annotations
@@ -22,12 +26,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .backends.base import BackendError
+from .protocol.errors import ResponsesError
 
 _CONTEXT = re.compile(
     r"context length|context window|maximum context|max_model_len|too long|prompt is too long|exceeds the max",
     re.IGNORECASE,
 )
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+
+#: A refusal's HTTP status, type and ``param`` by code (anything else: the server's fault).
+_REFUSALS: dict[str, tuple[int, str, str | None]] = {
+    "context_length_exceeded": (400, "invalid_request_error", "input"),
+    "unsupported_value": (400, "invalid_request_error", "tool_choice"),
+    "invalid_request_error": (400, "invalid_request_error", None),
+    "rate_limit_exceeded": (429, "rate_limit_error", None),
+}
+
+
+def refusal(error: BackendError) -> ResponsesError:
+    """A failure before the engine accepted the request, as a plain error with its HTTP status."""
+    status, kind, param = _REFUSALS.get(error.code, (502, "server_error", None))
+    code = error.code if error.code in _REFUSALS else "server_error"
+    return ResponsesError(str(error), status=status, type=kind, code=code, param=param)
 
 
 class IncrementalDecoder:

@@ -116,8 +116,8 @@ def tiny_model(python: Path, name: str = "tiny-oss", **options: Any) -> Path:
 @dataclass(frozen=True)
 class Counters:
     """Readings of the engine's own metrics. ``finished``: requests that ended by themselves
-    (stop, length, …; vLLM does not count a request aborted by its client); ``prefix_hits``:
-    prompt tokens served from the prefix cache."""
+    (stop, length, repetition, error; not ``abort``, which vLLM counts for some aborted requests
+    and not for others); ``prefix_hits``: prompt tokens served from the prefix cache."""
 
     finished: float
     running: float
@@ -237,7 +237,8 @@ class VllmProcess:
         """What the engine has done so far (subtract two readings for what happened between)."""
         samples = self.metrics()
         return Counters(
-            finished=sum(v for k, v in samples.items() if k.startswith("vllm:request_success_total{")),
+            finished=sum(v for k, v in samples.items()
+                         if k.startswith("vllm:request_success_total{") and "finished_reason=abort" not in k),
             running=samples["vllm:num_requests_running"],
             prefix_hits=samples["vllm:prefix_cache_hits_total"],
         )

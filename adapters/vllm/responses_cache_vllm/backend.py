@@ -51,6 +51,7 @@ from responses_cache.engines import (
     finish_error,
     http_error,
     message_of,
+    refusal,
 )
 
 from .dialects import DIALECTS, PREFERENCE, Dialect, Params
@@ -66,6 +67,13 @@ _ENABLE_HINT = {
     "sglang": "SGLang serves /generate on every server: check the URL",
 }
 _PROBE_TEXT = " Grüße, 世界 🚀 x=42;\n\t"
+
+
+class _Accepted:
+    """The engine answered the request with 200: from here on a failure fails the response."""
+
+
+_ACCEPTED = _Accepted()
 
 
 class _RouteDisabled(Exception):
@@ -354,7 +362,48 @@ class EngineBackend:
         )
         return params, prefill, prefill_text
 
+    async def open_stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        """Send the request and wait until the engine accepts it (its 200 and headers come before
+        prefill): a refusal until then — the engine's 4xx, a prompt over its window, no replica
+        reachable — is a plain error with its HTTP status, raised before the response exists."""
+        stream = self._stream(request)
+        early: list[BackendEvent] = []
+        try:
+            async for event in stream:
+                if isinstance(event, _Accepted):
+                    break
+                early.append(event)
+        except BackendError as exc:
+            await stream.aclose()
+            raise refusal(exc) from exc
+        except BaseException:
+            await stream.aclose()
+            raise
+        return self._rest(early, stream)
+
+    async def _rest(
+        self, early: list[BackendEvent], stream: AsyncGenerator[BackendEvent | _Accepted, None]
+    ) -> AsyncGenerator[BackendEvent, None]:
+        try:
+            for event in early:
+                yield event
+            async for step in stream:
+                if not isinstance(step, _Accepted):
+                    yield step
+        finally:
+            await stream.aclose()
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        stream = self._stream(request)
+        try:
+            async for step in stream:
+                if not isinstance(step, _Accepted):
+                    yield step
+        finally:
+            await stream.aclose()
+
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent | _Accepted, None]:
+        """The generation's events, with an :class:`_Accepted` marker where the engine accepted it."""
         if request.prompt is None:
             raise BackendError("this backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer
@@ -370,8 +419,8 @@ class EngineBackend:
             calls += isinstance(event, ToolCallStart)
             yield event
         try:
-            async for event in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
-                yield event
+            async for step in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+                yield step
         except _RouteDisabled as exc:
             if self.endpoint != "auto":
                 raise exc.error from None
@@ -379,8 +428,8 @@ class EngineBackend:
             self._fall_back(str(exc))
             self.dialect = dialect = DIALECTS[PREFERENCE[self.engine][1]]
             body = dialect.body(params)
-            async for event in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
-                yield event
+            async for step in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+                yield step
         if outcome.truncated:
             yield Finish(reason="stop", usage=self._usage(outcome, prefill), token_ids=None)
             return
@@ -406,7 +455,7 @@ class EngineBackend:
         outcome: _Outcome,
         request: GenerationRequest,
         calls: int,
-    ) -> AsyncIterator[BackendEvent]:
+    ) -> AsyncIterator[BackendEvent | _Accepted]:
         """The request on the conversation's replica, failing over to the next ones while none
         has streamed anything."""
         unavailable: list[str] = []
@@ -434,7 +483,7 @@ class EngineBackend:
         outcome: _Outcome,
         request: GenerationRequest,
         calls: int,
-    ) -> AsyncIterator[BackendEvent]:
+    ) -> AsyncIterator[BackendEvent | _Accepted]:
         """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
         streamed = False
         decoder = IncrementalDecoder(renderer.encoding)
@@ -449,6 +498,7 @@ class EngineBackend:
                         raise _RouteDisabled(f"{url}{dialect.path} refused the request", error)
                     raise error
                 self.replicas.mark_up(url)
+                yield _ACCEPTED
                 reader = dialect.reader()
                 async for sse in EventSource(response).aiter_sse():
                     if sse.data == "[DONE]":

@@ -193,28 +193,48 @@ def _one(live: Any, engine: Any, **options: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "code", "words"),
+    ("behaviour", "status", "code", "words"),
     [
         (Behaviour(status=400, message="This model's maximum context length is 8192 tokens. However, you requested 9000 tokens."),
-         "context_length_exceeded", "context window"),
-        (Behaviour(status=429, message="Too many requests", retry_after="7"), "rate_limit_exceeded", "retry after 7s"),
-        (Behaviour(error_after=1, message="CUDA out of memory"), "server_error", "CUDA out of memory"),
-        (Behaviour(finish_reason="abort"), "server_error", "aborted"),
-        (Behaviour(finish_reason="repetition"), "server_error", "repetition"),
-        (Behaviour(finish_reason="error"), "server_error", "error"),
+         400, "context_length_exceeded", "context window"),
+        (Behaviour(status=429, message="Too many requests", retry_after="7"), 429, "rate_limit_exceeded", "retry after 7s"),
+        (Behaviour(status=500, message="Internal engine failure"), 502, "server_error", "Internal engine failure"),
     ],
-    ids=["context-length", "429", "error-chunk", "abort", "repetition", "error"],
+    ids=["context-length", "429", "500"],
 )
 @pytest.mark.parametrize("generate_route", [True, False], ids=["generate", "completions"])
-def test_engine_errors_keep_their_meaning(
-    responses_cache_server_factory: Any, behaviour: Behaviour, code: str, words: str, generate_route: bool
+def test_an_engine_refusal_is_an_error_before_the_response(
+    responses_cache_server_factory: Any, behaviour: Behaviour, status: int, code: str, words: str, generate_route: bool
+) -> None:
+    # Before the engine accepted the request nothing exists yet: the client gets the plain error
+    # the same body would get over HTTP (response.failed takes only generation-failure codes).
+    engine = FakeVllm(ENC, [ANSWER], generate_route=generate_route)
+    engine.behaviours = [behaviour]
+    refused = _one(responses_cache_server_factory, engine)
+    assert refused["type"] == "error" and refused["status"] == status, refused
+    assert refused["error"]["code"] == code and words in refused["error"]["message"], refused
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "words"),
+    [
+        (Behaviour(error_after=1, message="CUDA out of memory"), "CUDA out of memory"),
+        (Behaviour(finish_reason="abort"), "aborted"),
+        (Behaviour(finish_reason="repetition"), "repetition"),
+        (Behaviour(finish_reason="error"), "error"),
+    ],
+    ids=["error-chunk", "abort", "repetition", "error"],
+)
+@pytest.mark.parametrize("generate_route", [True, False], ids=["generate", "completions"])
+def test_engine_failures_mid_stream_fail_the_response(
+    responses_cache_server_factory: Any, behaviour: Behaviour, words: str, generate_route: bool
 ) -> None:
     engine = FakeVllm(ENC, [ANSWER], generate_route=generate_route)
     engine.behaviours = [behaviour]
     failed = _one(responses_cache_server_factory, engine)
     assert failed["type"] == "response.failed", failed["type"]
     error = failed["response"]["error"]
-    assert error["code"] == code and words in error["message"], error
+    assert error["code"] == "server_error" and words in error["message"], error
 
 
 def test_length_is_incomplete_not_failed(responses_cache_server_factory: Any) -> None:
@@ -257,14 +277,14 @@ def test_refused_connection_and_503_fail_over_before_the_first_token(responses_c
     assert len(good.generation_requests()) == 6
 
 
-def test_no_replica_left_fails_the_response(responses_cache_server_factory: Any) -> None:
+def test_no_replica_left_is_an_error_before_the_response(responses_cache_server_factory: Any) -> None:
     busy = FakeVllm(ENC, [ANSWER])
     busy.default = Behaviour(status=503, message="no capacity")
     server = _serve(responses_cache_server_factory, busy, _dead_url(), endpoint="generate", context_window=4096, handshake=False)
     with connect(server.ws_url) as ws:
-        failed = _turn(ws, input="hi")
-    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "server_error"
-    message = failed["response"]["error"]["message"]
+        refused = _turn(ws, input="hi")
+    assert refused["type"] == "error" and refused["status"] == 502 and refused["error"]["code"] == "server_error"
+    message = refused["error"]["message"]
     assert "no vllm replica could take the request" in message and "no capacity" in message
     assert len(busy.generation_requests()) == 1
 

@@ -121,7 +121,10 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
                 return event
 
     with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": OPENING, **ENDLESS}))
+        # Greedy, so the target runs until steered; the successor inherits the settings and ends
+        # at max_output_tokens.
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": OPENING, **ENDLESS,
+                            "max_output_tokens": 300}))
         target_id = until("response.created")["response"]["id"]
         until("response.output_text.delta")
         before = target.engine.counters()
@@ -129,7 +132,6 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target_id, "input": steer}))
         until("response.steer.accepted")
         steered = until("response.incomplete")["response"]
-        # The successor is greedy too (it inherits the target's settings): it ends at its limit.
         successor = until("response.incomplete")["response"]
     assert steered["incomplete_details"] == {"reason": "steered"}
     assert successor["previous_response_id"] == target_id
@@ -203,11 +205,12 @@ def test_the_engines_own_context_error_is_context_length_exceeded(
     engines: dict[str, VllmProcess], responses_cache_server_factory: Callable[..., Any]
 ) -> None:
     # A context window configured larger than the engine's: the engine itself refuses the prompt
-    # (its HTTP 400), after the response was created.
+    # (its HTTP 400), before the response exists.
     backend = network_backend(engines["scale_out"], context_window=100_000)
     server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony", api_keys=[KEY]))
     with sdk(server.http_url) as client, client.responses.connect() as conn:
         conn.response.create(model=MODEL, store=False, input="lorem " * 5000, max_output_tokens=16)
-        event = next_event(conn, "response.failed", "response.completed", "error")
-    assert event["type"] == "response.failed", event
-    assert event["response"]["error"]["code"] == "context_length_exceeded"
+        event = next_event(conn, "response.created", "error")
+        assert event["type"] == "error" and event["status"] == 400, event
+        assert event["error"]["code"] == "context_length_exceeded", event
+        assert turn(conn, input="short")["status"] == "completed"
