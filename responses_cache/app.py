@@ -84,6 +84,9 @@ class ServerConfig:
     #: Seals ``include: ["reasoning.encrypted_content"]`` reasoning (``Sealer.from_text(key)``;
     #: the sealing extra). ``None``: that option is accepted and does nothing.
     sealer: Sealer | None = None
+    #: ``truncation: "auto"`` cuts a prompt that does not fit to ``1 - truncation_headroom`` of the
+    #: room it has, so the turns after it append to the cut log instead of each cutting again.
+    truncation_headroom: float = 0.25
     #: Finished background responses whose events are kept in memory for late stream readers.
     background_retain: int = 1024
 
@@ -146,7 +149,7 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
-        partition_prefix_cache=cfg.partition_prefix_cache,
+        partition_prefix_cache=cfg.partition_prefix_cache, truncation_headroom=cfg.truncation_headroom,
     )
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)

@@ -44,8 +44,9 @@ from ..protocol import events as ev
 from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError
 from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
+from ..protocol.request import CreateResponse as CreateRequest
 from ..protocol.request import client_fields
-from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, TruncationDetails, Usage
 from ..protocol.tools import tool_cache
 from ..references import ItemIndex
 from ..routing import Route
@@ -105,6 +106,14 @@ def tenant_salt(tenant: str) -> str:
     return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def truncation_budget(request: CreateRequest, route: Route) -> int | None:
+    """The prompt tokens a ``truncation: "auto"`` request may use (its route's context window,
+    less the generation prompt and ``max_output_tokens`` when set); ``None`` without truncation."""
+    if request.truncation != "auto" or route.renderer is None:
+        return None
+    return route.context_window - len(route.renderer.generation_prompt) - (request.max_output_tokens or 0)
+
+
 class UsageSubmitter(Protocol):
     def submit(self, record: UsageRecord) -> None: ...
 
@@ -149,7 +158,12 @@ class Pipeline:
         offload_chars: int = 64 * 1024,
         tokenizer_threads: int | None = None,
         partition_prefix_cache: bool = True,
+        truncation_headroom: float = 0.25,
     ) -> None:
+        if not 0.0 <= truncation_headroom < 1.0:
+            raise ValueError(f"truncation_headroom is a fraction in [0, 1), not {truncation_headroom}")
+        #: ``truncation: "auto"`` cuts a prompt that does not fit down to ``1 - this`` of its room.
+        self.truncation_headroom = truncation_headroom
         #: Give each tenant its own engine prefix cache (``GenerationRequest.cache_salt``), so time
         #: to first token cannot tell one tenant what another sent. ``False`` shares the cache.
         self.partition_prefix_cache = partition_prefix_cache
@@ -201,7 +215,8 @@ class Pipeline:
         if route.renderer is not None:
             call = functools.partial(
                 render, route.renderer, parent, context, items, request.instructions, turn.tools,
-                context_window=route.context_window,
+                context_window=route.context_window, truncate_to=truncation_budget(request, route),
+                truncation_headroom=self.truncation_headroom,
             )
             try:
                 if self._render_size(parent, items) >= self.offload_chars:
@@ -217,6 +232,12 @@ class Pipeline:
         timings["render"] = t2 - t1
 
         input_context = context.extend(items)
+        truncated = rendered if rendered is not None and rendered.kept is not None else None
+        if rendered is not None and rendered.kept is not None:
+            # ``truncation: "auto"`` dropped items: the kept ones are the conversation's new base.
+            input_context = EMPTY.extend(rendered.kept)
+            self.metrics.inc("truncations_total", {"transport": turn.transport})
+            self.metrics.inc("truncated_items_total", {"transport": turn.transport}, rendered.dropped_items)
         out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
         status: Any = "completed"
         error: ResponseErrorInfo | None = None
@@ -342,6 +363,10 @@ class Pipeline:
         t3 = time.perf_counter()
         usage = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
+        if truncated is not None:
+            final.truncation_details = TruncationDetails(
+                truncated.dropped_items, truncated.untruncated_tokens - truncated.log.num_tokens
+            )
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
         durable = self._bill(turn, route, usage, status)
@@ -361,10 +386,16 @@ class Pipeline:
             fingerprint=rendered.fingerprint if rendered else None,
             token_log=log,
             route=route,
-            open_calls=open_calls_after(open_calls, after_input),
+            open_calls=open_calls_after(
+                open_calls if truncated is None else open_calls_after({}, truncated.kept or ()), after_input
+            ),
             hook_state={**hook_state, **alongside_state},
             conversation_key=turn.conversation_key,
-            total_bytes=(parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items),
+            total_bytes=(
+                (parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items)
+                if truncated is None
+                else sum(len(encode(i)) for i in (*(truncated.kept or ()), *after_input))
+            ),
         )
         if status != "failed":
             tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache

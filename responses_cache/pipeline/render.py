@@ -28,6 +28,7 @@ from ..protocol.tools import ToolSet
 from ..state import ResponseState
 from ..tokens.base import longest_token_within, max_token_bytes
 from ..tokens.errors import RenderError
+from .truncate import DoesNotFit, truncate
 
 if TYPE_CHECKING:
     from ..tokens.base import Renderer
@@ -41,6 +42,12 @@ class RenderedPrompt:
     #: Leading tokens shared with the parent's cached log (reported as ``cached_tokens``).
     cached_tokens: int
     incremental: bool
+    #: Set when ``truncation: "auto"`` dropped items: the whole conversation the log holds now
+    #: (the new base), and how many items were dropped from its start.
+    kept: list[Item] | None = None
+    dropped_items: int = 0
+    #: The untruncated prompt's tokens (set with ``kept``).
+    untruncated_tokens: int = 0
 
 
 def render(
@@ -52,13 +59,20 @@ def render(
     tools: ToolSet,
     *,
     context_window: int,
+    truncate_to: int | None = None,
+    truncation_headroom: float = 0.0,
 ) -> RenderedPrompt:
+    """The prompt of ``context`` + ``items``. With ``truncate_to`` (``truncation: "auto"``), a
+    prompt over that many tokens has whole items dropped from its start until it fits (see
+    :mod:`~responses_cache.pipeline.truncate`); without it, a prompt over ``context_window`` is
+    ``context_length_exceeded``. A cut prompt is cut down to ``1 - truncation_headroom`` of
+    ``truncate_to`` where it can be, so that the next turns append to it instead of cutting again."""
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
     # Reject what cannot fit before tokenizing it (a known parent log counts exactly).
     known = parent.token_log.num_tokens if incremental_attempt and parent is not None and parent.token_log is not None else 0
     floor = known + token_floor(renderer, items, context_window - known)
-    if floor > context_window:
+    if floor > context_window and truncate_to is None:
         raise _too_long(context_window, floor, at_least=True)
     try:
         if incremental_attempt:
@@ -74,9 +88,40 @@ def render(
         index = exc.item_index - (0 if incremental_attempt else len(context))
         param = f"input[{index}].{exc.param}" if index >= 0 else "input"
         raise invalid_request(exc.message, param, "unsupported_value") from None
+    if truncate_to is not None and log.num_tokens > truncate_to:
+        target = truncate_to - int(truncate_to * truncation_headroom)
+        return _truncated(renderer, parent, context, items, instructions, tools, log, fingerprint, truncate_to, target)
     if log.num_tokens > context_window:
         raise _too_long(context_window, log.num_tokens, at_least=False)
     return RenderedPrompt(log, fingerprint, cached, incremental)
+
+
+def _truncated(
+    renderer: Renderer,
+    parent: ResponseState | None,
+    context: Conversation,
+    items: list[Item],
+    instructions: str | None,
+    tools: ToolSet,
+    log: TokenLog,
+    fingerprint: bytes,
+    budget: int,
+    target: int,
+) -> RenderedPrompt:
+    """The conversation cut to fit ``budget`` (``truncation: "auto"``): a full render of the kept
+    items, which become the conversation's new base."""
+    conversation = [*context.items(), *items]
+    if log.num_items != len(conversation):  # a log that does not cover the context: measure afresh
+        log = renderer.render_full(instructions, tools, conversation)
+    try:
+        cut = truncate(renderer, instructions, tools, conversation, log, target)
+    except DoesNotFit:
+        try:  # not down to the target: as far as the budget, then
+            cut = truncate(renderer, instructions, tools, conversation, log, budget)
+        except DoesNotFit as exc:
+            raise _too_long(budget, exc.smallest, at_least=False) from None
+    cached = cut.log.common_prefix(parent.token_log) if parent is not None and parent.token_log is not None else 0
+    return RenderedPrompt(cut.log, fingerprint, cached, False, cut.kept, cut.dropped_items, log.num_tokens)
 
 
 def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesError:
