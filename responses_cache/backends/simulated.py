@@ -19,7 +19,10 @@ Default policy, enough to drive a real agent client end to end:
    (checked before rule 1).
 3. The last item is a ``function_call_output`` or ``custom_tool_call_output`` → a short message
    quoting the last non-empty line of the output.
-4. Otherwise → a text answer.
+4. The latest user message is the compaction summary prompt
+   (:data:`~responses_cache.compaction.SUMMARY_PROMPT`) → a deterministic summary: the number of
+   items, the latest user requests (shortened), the start of the previous summary.
+5. Otherwise → a text answer.
 
 Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
 first ``tool_calls`` turns after a user message each call the first function tool with arguments of
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from ..compaction import SUMMARY_PROMPT, Compaction
+from ..conversation import Conversation
 from ..protocol.items import CustomToolCallOutput, FunctionCallOutput, Message, text_of
 from ..protocol.tools import FunctionTool
 from ..tokens.log import TokenLog
@@ -171,6 +176,8 @@ class SimulatedEngine:
             lines = [line.strip() for line in output.splitlines() if line.strip()]
             quoted = lines[-1] if lines else "(no output)"
             return _Plan(text=f"The command finished. Last line of its output: {quoted}")
+        if isinstance(last, Message) and last.role == "user" and text_of(last.content) == SUMMARY_PROMPT:
+            return _Plan(text=_summary(request.conversation))
         if isinstance(last, Message) and last.role == "user":
             text = text_of(last.content)
             customs = request.tools.customs()
@@ -274,6 +281,24 @@ def _shell_tool(
                     return candidate
                 best = best or candidate
     return best
+
+
+def _summary(conversation: Conversation, keep: int = 8) -> str:
+    """A compaction's deterministic summary: how many items there were, the latest ``keep`` user
+    requests (shortened) and the start of the previous summary, if any."""
+    items = conversation.items()[:-1]  # the summary prompt aside
+    asked: list[str] = []
+    earlier = ""
+    for item in reversed(items):
+        if isinstance(item, Message) and item.role == "user" and len(asked) < keep:
+            asked.append(" ".join(text_of(item.content).split())[:60])
+        elif isinstance(item, Compaction) and not earlier:
+            earlier = " ".join(item.summary.split())[:120]
+    lines = [f"Simulated summary of {len(items)} items."]
+    lines += [f"The user asked: {text}" for text in reversed(asked)]
+    if earlier:
+        lines.append(f"Before that: {earlier}")
+    return "\n".join(lines)
 
 
 def _answer(prompt_text: str, tokens: int) -> str:

@@ -38,11 +38,12 @@ from ..backends.base import (
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
+from ..compaction import expanded, history_start, replaces_history
 from ..conversation import EMPTY, Conversation
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
-from ..protocol.errors import ResponsesError
+from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
 from ..protocol.request import CreateResponse as CreateRequest
 from ..protocol.request import client_fields
@@ -51,9 +52,12 @@ from ..protocol.tools import tool_cache
 from ..references import ItemIndex
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
+from ..ids import new_id
 from ..store import ResponseStore, StoredResponse
+from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
 from .append import AwaitingInput
+from .compact import DEFAULT_SUMMARY_TOKENS, Summary, compact_threshold, summarize
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner, Verdict
 from .interrupt import Interrupt
@@ -159,7 +163,10 @@ class Pipeline:
         tokenizer_threads: int | None = None,
         partition_prefix_cache: bool = True,
         truncation_headroom: float = 0.25,
+        summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
     ) -> None:
+        #: The most tokens the engine may write for a compaction's summary.
+        self.summary_tokens = summary_tokens
         if not 0.0 <= truncation_headroom < 1.0:
             raise ValueError(f"truncation_headroom is a fraction in [0, 1), not {truncation_headroom}")
         #: ``truncation: "auto"`` cuts a prompt that does not fit down to ``1 - this`` of its room.
@@ -203,6 +210,11 @@ class Pipeline:
             )
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
+        threshold = compact_threshold(request.context_management)
+        if threshold is not None and turn.seal_compaction is None:
+            raise invalid_request(
+                "Compaction is not available on this server (it has no sealing key).", "context_management", "unsupported_value"
+            )
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
@@ -211,10 +223,20 @@ class Pipeline:
         timings["validate"] = t1 - t0
 
         context = parent.conversation if parent else EMPTY
+        render_parent = parent
+        #: The conversation's new base when this turn replaced what came before (an automatic
+        #: compaction item sent back, truncation, or a compaction made now); ``None`` otherwise.
+        base: list[Item] | None = None
+        in_context = items
+        start = history_start(items)
+        if start or (context.count and items and replaces_history(items[0])):
+            # The latest item made by automatic compaction replaces everything before it.
+            in_context = base = items[start:]
+            context, render_parent = EMPTY, None
         rendered: RenderedPrompt | None = None
         if route.renderer is not None:
             call = functools.partial(
-                render, route.renderer, parent, context, items, request.instructions, turn.tools,
+                render, route.renderer, render_parent, context, in_context, request.instructions, turn.tools,
                 context_window=route.context_window, truncate_to=truncation_budget(request, route),
                 truncation_headroom=self.truncation_headroom,
             )
@@ -231,11 +253,12 @@ class Pipeline:
         t2 = time.perf_counter()
         timings["render"] = t2 - t1
 
-        input_context = context.extend(items)
+        input_context = context.extend(in_context)
         truncated = rendered if rendered is not None and rendered.kept is not None else None
         if rendered is not None and rendered.kept is not None:
             # ``truncation: "auto"`` dropped items: the kept ones are the conversation's new base.
             input_context = EMPTY.extend(rendered.kept)
+            base = rendered.kept
             self.metrics.inc("truncations_total", {"transport": turn.transport})
             self.metrics.inc("truncated_items_total", {"transport": turn.transport}, rendered.dropped_items)
         out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
@@ -255,6 +278,11 @@ class Pipeline:
         output_start = round_start = 0
         context_now = input_context
         earlier: list[Item] = []
+        #: Output items before the engine's (the compaction item of an automatic compaction).
+        first_output = 0
+        compact_now = (
+            threshold is not None and rendered is not None and request.generate and rendered.log.num_tokens > threshold
+        )
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
             if isinstance(route.backend, PreflightBackend):
@@ -271,6 +299,13 @@ class Pipeline:
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
+            if compact_now:
+                assert rendered is not None
+                rendered, input_context = await self._compact(turn, route, rendered, input_context, out)
+                context_now, base = input_context, list(input_context.own_items)
+                first_output = output_start = round_start = len(out.output)
+                if generation is not None:
+                    generation = self._generation_request(turn, route, rendered, input_context)
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
@@ -386,15 +421,13 @@ class Pipeline:
             fingerprint=rendered.fingerprint if rendered else None,
             token_log=log,
             route=route,
-            open_calls=open_calls_after(
-                open_calls if truncated is None else open_calls_after({}, truncated.kept or ()), after_input
-            ),
+            open_calls=open_calls_after(open_calls if base is None else open_calls_after({}, base), after_input),
             hook_state={**hook_state, **alongside_state},
             conversation_key=turn.conversation_key,
             total_bytes=(
                 (parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items)
-                if truncated is None
-                else sum(len(encode(i)) for i in (*(truncated.kept or ()), *after_input))
+                if base is None
+                else sum(len(encode(i)) for i in (*base, *after_input))
             ),
         )
         if status != "failed":
@@ -413,7 +446,12 @@ class Pipeline:
                 snapshot = delta(log, since)
             # A response that took appends is stored with them in its output, where they came, so
             # that a continuation hydrated from the store sees the conversation the model saw.
-            stored = msgspec.structs.replace(final, output=after_input) if round_start else final
+            # (An automatic compaction's item stays first, where the client saw it.)
+            stored = (
+                msgspec.structs.replace(final, output=[*out.output[:first_output], *after_input])
+                if round_start != first_output
+                else final
+            )
             try:
                 await self.store.put(
                     StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
@@ -436,6 +474,83 @@ class Pipeline:
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
+
+    async def _compact(
+        self, turn: Turn, route: Route, rendered: RenderedPrompt, context: Conversation, out: OutputBuilder
+    ) -> tuple[RenderedPrompt, Conversation]:
+        """Automatic compaction (``context_management``): the engine summarizes ``context``
+        (``response.compaction.compacting`` goes out as it samples), the compaction item is
+        output, billed as its own usage record, and becomes the conversation's new base: the
+        prompt is a full render of it, and the response is generated from there."""
+        assert route.renderer is not None and turn.seal_compaction is not None
+        item_id = new_id("cmp")
+        index = out.index
+
+        async def sampled() -> None:
+            await out.send(ev.CompactionCompacting(item_id=item_id, output_index=index))
+
+        summary = await self.summarize(turn, route, item_id, context, rendered.log, on_sample=sampled)
+        item = turn.seal_compaction(summary.text, item_id)
+        await out.add(item)
+        self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "threshold"})
+        log = route.renderer.render_full(turn.request.instructions, turn.tools, [expanded(item)])
+        cached = log.common_prefix(rendered.log)
+        return RenderedPrompt(log, rendered.fingerprint, cached, False), EMPTY.extend([item])
+
+    async def summarize(
+        self,
+        turn: Turn,
+        route: Route,
+        summary_id: str,
+        context: Conversation,
+        log: TokenLog | None,
+        on_sample: Callable[[], Awaitable[None]] | None = None,
+    ) -> Summary:
+        """The engine's summary of ``context`` for ``turn``'s tenant and conversation (its
+        engine replica and prefix cache), billed as its own usage record (``summary_id``)."""
+        conversation_key = turn.conversation_key or turn.response_id
+        summary = await summarize(
+            route,
+            response_id=summary_id,
+            model=turn.model,
+            instructions=turn.request.instructions,
+            tools=turn.tools,
+            context=context,
+            log=log,
+            affinity_key=f"{turn.tenant}/{conversation_key}/{route.replica_for(conversation_key)}",
+            tenant=turn.tenant,
+            cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
+            headers=turn.headers,
+            max_output_tokens=self.summary_tokens,
+            on_sample=on_sample,
+        )
+        self._bill_summary(turn, route, summary_id, summary.usage)
+        return summary
+
+    def _bill_summary(self, turn: Turn, route: Route, summary_id: str, usage: Usage) -> None:
+        """A compaction's usage: a record of its own (its id), apart from any response's."""
+        if self.billing is None:
+            return
+        try:
+            self.billing.submit(
+                UsageRecord(
+                    response_id=summary_id,
+                    tenant=turn.tenant,
+                    model=turn.model,
+                    route=route.name,
+                    status="completed",
+                    input_tokens=usage.input_tokens,
+                    cached_tokens=usage.input_tokens_details.cached_tokens,
+                    output_tokens=usage.output_tokens,
+                    reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+                    created_at=turn.created_at,
+                    finished_at=self.clock(),
+                    transport=turn.transport,
+                    previous_response_id=turn.request.previous_response_id,
+                )
+            )
+        except Exception:  # billing must never break a turn; the biller keeps what it can
+            logger.exception("could not submit the usage record of compaction %s", summary_id)
 
     async def count_prompt(self, turn: Turn, parent: ResponseState | None, route: Route) -> int:
         """The prompt tokens the engine would receive for ``turn`` (``POST /v1/responses/input_tokens``):

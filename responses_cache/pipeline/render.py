@@ -3,6 +3,9 @@
 When the parent's log was rendered under the same fingerprint (template, encoding, instructions,
 tools), the new items are appended to it — O(new items). Otherwise (no cached log, or changed
 instructions/tools) the whole conversation is rendered again, which is always correct.
+
+A compaction item is rendered as the model sees it: its summary as a user message
+(:func:`~responses_cache.compaction.expanded`), one log item for one conversation item.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..compaction import expand
 from ..conversation import Conversation
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import (
@@ -77,10 +81,10 @@ def render(
     try:
         if incremental_attempt:
             assert parent is not None and parent.token_log is not None
-            log = renderer.extend(parent.token_log, items)
+            log = renderer.extend(parent.token_log, expand(items))
             cached, incremental = log.common_prefix(parent.token_log), True
         else:
-            log = renderer.render_full(instructions, tools, [*context.items(), *items])
+            log = renderer.render_full(instructions, tools, expand([*context.items(), *items]))
             cached, incremental = 0, False
     except RenderError as exc:
         # Items before the new ones rendered fine last turn, so the index points into ``items``
@@ -112,7 +116,7 @@ def _truncated(
     items, which become the conversation's new base."""
     conversation = [*context.items(), *items]
     if log.num_items != len(conversation):  # a log that does not cover the context: measure afresh
-        log = renderer.render_full(instructions, tools, conversation)
+        log = renderer.render_full(instructions, tools, expand(conversation))
     try:
         cut = truncate(renderer, instructions, tools, conversation, log, target)
     except DoesNotFit:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..compaction import expand
 from ..protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall, FunctionCallOutput, Item, Message
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def truncate(
     Cuts are tried from the start; a cut is rendered only when the sizes measured in ``log`` say
     it fits, and taken when its render does (a template that rewrites history — harmony hiding
     earlier analysis — can make a render differ from the sum of its items). Raises
-    :class:`DoesNotFit` when no cut fits."""
+    :class:`DoesNotFit` when no cut fits. ``log`` renders the items as the model sees them
+    (compaction items expanded), and so does the kept items' render."""
     if log.num_items != len(items):
         raise ValueError(f"the log holds {log.num_items} items, not the conversation's {len(items)}")
     ends = log.item_ends()
@@ -96,7 +98,7 @@ def truncate(
         if estimate > budget:
             continue
         kept = [*always, *items[k:]]
-        rendered = renderer.render_full(instructions, tools, kept)
+        rendered = renderer.render_full(instructions, tools, expand(kept))
         if rendered.num_tokens <= budget:
             return Truncated(kept, rendered, k - len(always))
         smallest = min(smallest, rendered.num_tokens)
