@@ -141,7 +141,7 @@ def _open(sealer: Sealer, tenant: str, item: HostedItem, param: str, now: float)
         sealed = _decode.decode(sealer.open(tenant, PURPOSE, blob))
     except (SealError, msgspec.DecodeError, msgspec.ValidationError):
         raise _invalid(f"The encrypted content {name}could not be verified.", param) from None
-    if 0 <= now and sealed.expires_at < now:
+    if now >= 0 and sealed.expires_at < now:
         raise _invalid(f"The encrypted content {name}has expired; compact the conversation again.", param)
     return Compaction(
         blob, sealed.summary, item.id, created_by if isinstance(created_by, str) else None,

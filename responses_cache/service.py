@@ -30,6 +30,7 @@ from .protocol.codec import encode
 from .protocol.errors import ResponsesError, invalid_request, previous_response_not_found
 from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_input
+from .protocol.response import CompactedResponse
 from .protocol.tools import parse_tools
 from .references import ItemIndex, resolve_references
 from .routing import Route, Router
@@ -250,6 +251,28 @@ class ResponsesService:
             )
         parent = await self.parent_of(turn, route)
         return await self.pipeline.count_prompt(turn, parent, route)
+
+    async def compact(self, request: CreateResponse, tenant: str) -> CompactedResponse:
+        """``POST /v1/responses/compact``: the conversation (``input`` after
+        ``previous_response_id``'s, found as a create finds it) compacted into its user messages
+        and one sealed compaction item (see :meth:`Pipeline.compact`). Needs the server's sealing
+        key: without one it is 400 ``unsupported_value``."""
+        if request.model is None or request.model == "":
+            raise invalid_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+        sealer = self.sealer
+        if sealer is None or self.delegate_misses is not None:
+            raise invalid_request(
+                "Compaction is not available on this server (it has no sealing key).", "model", "unsupported_value"
+            )
+        turn = self.prepare(request, tenant, "http")
+        route = self.router.resolve(turn.model, tenant)
+        parent = await self.parent_of(turn, route)
+        ttl = self.compaction_ttl_s
+
+        def seal(summary: str, item_id: str) -> compaction.Compaction:
+            return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id)
+
+        return await self.pipeline.compact(turn, parent, route, seal)
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""

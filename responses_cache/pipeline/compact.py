@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends.base import BackendError, EngineUsage, Finish, GenerationRequest, Prompt, ReasoningDelta, TextDelta
+from ..backends.base import (
+    BackendError,
+    EngineUsage,
+    Finish,
+    GenerationRequest,
+    Prompt,
+    ReasoningDelta,
+    TextDelta,
+)
 from ..compaction import SUMMARY_PROMPT, expand_conversation, expanded
 from ..conversation import Conversation
 from ..protocol.errors import invalid_request

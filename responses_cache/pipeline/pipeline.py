@@ -38,8 +38,10 @@ from ..backends.base import (
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
-from ..compaction import expanded, history_start, replaces_history
+from ..compaction import Compaction, expanded, history_start, replaces_history, user_messages
 from ..conversation import EMPTY, Conversation
+from ..ids import new_id
+from ..listing import wire_item
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
@@ -47,12 +49,18 @@ from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
 from ..protocol.request import CreateResponse as CreateRequest
 from ..protocol.request import client_fields
-from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, TruncationDetails, Usage
+from ..protocol.response import (
+    CompactedResponse,
+    IncompleteDetails,
+    Response,
+    ResponseErrorInfo,
+    TruncationDetails,
+    Usage,
+)
 from ..protocol.tools import tool_cache
 from ..references import ItemIndex
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
-from ..ids import new_id
 from ..store import ResponseStore, StoredResponse
 from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
@@ -551,6 +559,50 @@ class Pipeline:
             )
         except Exception:  # billing must never break a turn; the biller keeps what it can
             logger.exception("could not submit the usage record of compaction %s", summary_id)
+
+    async def compact(
+        self, turn: Turn, parent: ResponseState | None, route: Route, seal: Callable[[str, str], Compaction]
+    ) -> CompactedResponse:
+        """``POST /v1/responses/compact``: the engine summarizes the conversation (``turn``'s input
+        after ``parent``'s), and the answer is its user messages followed by one compaction item
+        sealing the summary (``seal(summary, item id)``). Nothing is stored; the summary's usage
+        is billed under the answer's id."""
+        try:
+            self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        turn.conversation_key = (parent.conversation_key if parent else "") or turn.request.prompt_cache_key or turn.response_id
+        context = parent.conversation if parent else EMPTY
+        render_parent = parent
+        in_context = turn.items
+        start = history_start(in_context)
+        if start or (context.count and in_context and replaces_history(in_context[0])):
+            in_context, context, render_parent = in_context[start:], EMPTY, None
+        log = None
+        if route.renderer is not None:
+            call = functools.partial(
+                render, route.renderer, render_parent, context, in_context, turn.request.instructions, turn.tools,
+                context_window=route.context_window,
+            )
+            try:
+                if self._render_size(render_parent, in_context) >= self.offload_chars:
+                    rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+                else:
+                    rendered = call()
+            except ResponsesError as exc:
+                raise renumbered(exc, turn.reused_items) from None
+            log = rendered.log
+        conversation = context.extend(in_context)
+        summary = await self.summarize(turn, route, turn.response_id, conversation, log)
+        item = seal(summary.text, new_id("cmp"))
+        self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "compact"})
+        return CompactedResponse(
+            id=turn.response_id,
+            created_at=int(turn.created_at),
+            # Messages in the SDK's item shape (content parts, an id, a status), as a listing shows them.
+            output=[*(wire_item(m, turn.response_id, i) for i, m in enumerate(user_messages(conversation.items()))), item],
+            usage=summary.usage,
+        )
 
     async def count_prompt(self, turn: Turn, parent: ResponseState | None, route: Route) -> int:
         """The prompt tokens the engine would receive for ``turn`` (``POST /v1/responses/input_tokens``):

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..compaction import expand
-from ..protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall, FunctionCallOutput, Item, Message
+from ..protocol.items import (
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+)
 
 if TYPE_CHECKING:
     from ..protocol.tools import ToolSet

@@ -92,3 +92,15 @@ class Response(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
     #: Set only when ``truncation: "auto"`` dropped items (left out of the JSON otherwise).
     truncation_details: TruncationDetails | msgspec.UnsetType = msgspec.UNSET
+
+
+class CompactedResponse(msgspec.Struct, kw_only=True):
+    """``POST /v1/responses/compact``'s answer (the SDK's ``CompactedResponse``): every user
+    message of the conversation, then one ``compaction`` item."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    #: Messages and a compaction item (a server-made item, encoded by the codec's hook).
+    output: list[Any]
+    usage: Usage
