@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .compaction import history_start, replaces_history
 from .conversation import Conversation
 from .pipeline.append import AppendChannel, append_not_enabled
 from .pipeline.interrupt import Interrupt
@@ -504,10 +505,18 @@ class Session:
         request = pending.request
         if state.instructions != request.instructions or state.tools.fingerprint != tools_fingerprint:
             return None
-        count, identical = reusable_prefix(state.conversation.items(), items, state.token_log)
+        cached = state.conversation.items()
+        skip = 0
+        if cached and replaces_history(cached[0]):
+            # The cached conversation starts at an automatic compaction's item: a client that kept
+            # the items before it (not dropping them, as it may) is matched from that item on.
+            start = history_start(items)
+            if start and items[start] == cached[0]:
+                skip = start
+        count, identical = reusable_prefix(cached, items[skip:], state.token_log)
         if count == 0:
             return None
-        return rebased(state, items, count, identical, renderer), count
+        return rebased(state, items[skip:], count, identical, renderer), skip + count
 
     def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
         """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed
