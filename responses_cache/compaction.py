@@ -9,9 +9,11 @@ request's tenant, with an expiry. The client cannot read or alter it; when it se
 as input, the server opens it (:func:`open_items`) and the model sees the summary as a user
 message starting with :data:`SUMMARY_PREFIX` (:func:`expanded`), in the item's place.
 
-A compaction item is a :class:`Compaction`: on the wire exactly the SDK's
-``ResponseCompactionItem`` (``type``, ``id``, ``encrypted_content``), inside the server also the
-opened summary — never encoded, so it never reaches a client or the store.
+On the wire (and in the store) a compaction item is a
+:class:`~responses_cache.protocol.items.CompactionItem`, exactly the SDK's
+``ResponseCompactionItem`` (``type``, ``id``, ``encrypted_content``). Opened, it is a
+:class:`Compaction`, which also holds the summary — never encoded, so the summary never reaches
+a client or the store.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import msgspec
 from .conversation import Conversation
 from .ids import new_id
 from .protocol.errors import ResponsesError, invalid_request
-from .protocol.items import HostedItem, Item, Message
+from .protocol.items import CompactionItem, HostedItem, Item, Message
 from .sealing import Sealer, SealError
 
 PURPOSE = "compaction"
@@ -57,18 +59,11 @@ _decode = msgspec.msgpack.Decoder(_Sealed)
 _json = msgspec.json.Encoder()
 
 
-class _Wire(msgspec.Struct, omit_defaults=True):
-    type: str
-    encrypted_content: str
-    id: str | None = None
-    created_by: str | None = None
-
-
 class Compaction(HostedItem):
     """A ``compaction`` item, opened: its wire form (``raw``, canonical JSON of the SDK's fields)
     and the summary it seals (server-side only)."""
 
-    __slots__ = ("encrypted_content", "replaces_history", "summary")
+    __slots__ = ("created_by", "encrypted_content", "replaces_history", "summary")
 
     def __init__(
         self,
@@ -79,8 +74,9 @@ class Compaction(HostedItem):
         *,
         replaces_history: bool = False,
     ) -> None:
-        raw = _json.encode(_Wire("compaction", encrypted_content, id, created_by))
+        raw = _json.encode(CompactionItem(encrypted_content, id, created_by))
         super().__init__("compaction", raw, id)
+        self.created_by = created_by
         self.encrypted_content = encrypted_content
         self.summary = summary
         #: Made by automatic compaction: the conversation before it is dropped (see
@@ -89,6 +85,10 @@ class Compaction(HostedItem):
 
     def __repr__(self) -> str:
         return f"Compaction(id={self.id!r})"
+
+    def wire(self) -> CompactionItem:
+        """The item as the wire and the store carry it (the summary left out)."""
+        return CompactionItem(self.encrypted_content, self.id, self.created_by)
 
 
 def seal(
@@ -117,7 +117,7 @@ def open_items(sealer: Sealer | None, tenant: str, items: list[Item], *, now: fl
     out = items
     at = time.time() if now is None else now
     for index, item in enumerate(items):
-        if not isinstance(item, HostedItem) or item.type != "compaction" or isinstance(item, Compaction):
+        if not isinstance(item, CompactionItem):
             continue
         param = f"input[{index}].encrypted_content"
         if sealer is None:
@@ -131,22 +131,16 @@ def open_items(sealer: Sealer | None, tenant: str, items: list[Item], *, now: fl
     return out
 
 
-def _open(sealer: Sealer, tenant: str, item: HostedItem, param: str, now: float) -> Compaction:
-    wire = msgspec.json.decode(item.raw, type=dict)
-    blob, created_by = wire.get("encrypted_content"), wire.get("created_by")
+def _open(sealer: Sealer, tenant: str, item: CompactionItem, param: str, now: float) -> Compaction:
+    blob = item.encrypted_content
     name = f"for item {item.id} " if item.id else ""
-    if not isinstance(blob, str):
-        raise invalid_request(f"Invalid type for '{param}': expected a string.", param, "invalid_type")
     try:
         sealed = _decode.decode(sealer.open(tenant, PURPOSE, blob))
     except (SealError, msgspec.DecodeError, msgspec.ValidationError):
         raise _invalid(f"The encrypted content {name}could not be verified.", param) from None
     if now >= 0 and sealed.expires_at < now:
         raise _invalid(f"The encrypted content {name}has expired; compact the conversation again.", param)
-    return Compaction(
-        blob, sealed.summary, item.id, created_by if isinstance(created_by, str) else None,
-        replaces_history=sealed.replaces_history,
-    )
+    return Compaction(blob, sealed.summary, item.id, item.created_by, replaces_history=sealed.replaces_history)
 
 
 def _invalid(message: str, param: str) -> ResponsesError:

@@ -129,15 +129,13 @@ class OutputBuilder:
         )
         await self.send(ev.OutputItemAdded(output_index=self.index, item=item))
 
-    async def add(self, item: Item) -> None:
+    async def add(self, item: WireItem) -> None:
         """Output a finished item made by the server, not sampled (a compaction item): its
         ``output_item.added`` and ``.done``. Its tokens are not output tokens."""
         await self.close()
         index = self.index
         await self.send(ev.OutputItemAdded(output_index=index, item=item))
-        # The output list is typed for what msgspec decodes; a server-made item (a HostedItem)
-        # encodes through the codec's hook all the same.
-        self.output.append(item)  # type: ignore[arg-type]
+        self.output.append(item)
         await self.send(ev.OutputItemDone(output_index=index, item=item))
 
     async def close(self, status: Literal["completed", "incomplete"] = "completed") -> None:

@@ -499,7 +499,7 @@ class Pipeline:
 
         summary = await self.summarize(turn, route, item_id, context, rendered.log, on_sample=sampled)
         item = turn.seal_compaction(summary.text, item_id)
-        await out.add(item)
+        await out.add(item.wire())
         self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "threshold"})
         log = route.renderer.render_full(turn.request.instructions, turn.tools, [expanded(item)])
         cached = log.common_prefix(rendered.log)
@@ -600,7 +600,7 @@ class Pipeline:
             id=turn.response_id,
             created_at=int(turn.created_at),
             # Messages in the SDK's item shape (content parts, an id, a status), as a listing shows them.
-            output=[*(wire_item(m, turn.response_id, i) for i, m in enumerate(user_messages(conversation.items()))), item],
+            output=[*(wire_item(m, turn.response_id, i) for i, m in enumerate(user_messages(conversation.items()))), item.wire()],
             usage=summary.usage,
         )
 
