@@ -38,7 +38,14 @@ from ..backends.base import (
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
-from ..compaction import Compaction, expanded, history_start, replaces_history, user_messages
+from ..compaction import (
+    Compaction,
+    expand_conversation,
+    expanded,
+    history_start,
+    replaces_history,
+    user_messages,
+)
 from ..conversation import EMPTY, Conversation
 from ..ids import new_id
 from ..listing import wire_item
@@ -46,7 +53,7 @@ from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError, invalid_request
-from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
+from ..protocol.items import CompactionTrigger, CustomToolCall, FunctionCall, Item, WireItem
 from ..protocol.request import CreateResponse as CreateRequest
 from ..protocol.request import client_fields
 from ..protocol.response import (
@@ -116,6 +123,41 @@ def _lower_priority() -> None:
 def tenant_salt(tenant: str) -> str:
     """The engine prefix-cache salt of a tenant: stable, and not the tenant's name."""
     return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Continuation:
+    """What a turn's items continue: the parent to append to (``None``: render in full), the
+    context before the items, the items that enter the context, and the new base when an
+    automatic compaction's item among them replaced everything before it (``None`` otherwise)."""
+
+    parent: ResponseState | None
+    context: Conversation
+    items: list[Item]
+    base: list[Item] | None
+
+
+def continuation(parent: ResponseState | None, items: list[Item]) -> Continuation:
+    """The latest item made by automatic compaction replaces everything before it (a client may
+    resend the items before it or not: the model sees the same conversation)."""
+    context = parent.conversation if parent else EMPTY
+    start = history_start(items)
+    if start or (context.count and items and replaces_history(items[0])):
+        return Continuation(None, EMPTY, items[start:], items[start:])
+    return Continuation(parent, context, items, None)
+
+
+def compaction_trigger(items: list[Item]) -> tuple[list[Item], bool]:
+    """``items`` without a final ``compaction_trigger`` item, and whether there was one (it
+    compacts the context now); one anywhere else is a 400."""
+    for index, item in enumerate(items):
+        if isinstance(item, CompactionTrigger) and index != len(items) - 1:
+            raise invalid_request(
+                "A 'compaction_trigger' item must be the final input item.", f"input[{index}].type", "invalid_value"
+            )
+    if items and isinstance(items[-1], CompactionTrigger):
+        return items[:-1], True
+    return items, False
 
 
 def truncation_budget(request: CreateRequest, route: Route) -> int | None:
@@ -219,7 +261,11 @@ class Pipeline:
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
         threshold = compact_threshold(request.context_management)
-        if threshold is not None and turn.seal_compaction is None:
+        try:
+            turn.items, triggered = compaction_trigger(turn.items)
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        if (threshold is not None or triggered) and turn.seal_compaction is None:
             raise invalid_request(
                 "Compaction is not available on this server (it has no sealing key).", "context_management", "unsupported_value"
             )
@@ -230,17 +276,10 @@ class Pipeline:
         t1 = time.perf_counter()
         timings["validate"] = t1 - t0
 
-        context = parent.conversation if parent else EMPTY
-        render_parent = parent
-        #: The conversation's new base when this turn replaced what came before (an automatic
-        #: compaction item sent back, truncation, or a compaction made now); ``None`` otherwise.
-        base: list[Item] | None = None
-        in_context = items
-        start = history_start(items)
-        if start or (context.count and items and replaces_history(items[0])):
-            # The latest item made by automatic compaction replaces everything before it.
-            in_context = base = items[start:]
-            context, render_parent = EMPTY, None
+        # The conversation's new base (``base``) when this turn replaced what came before: an
+        # automatic compaction's item sent back, truncation, or a compaction made now.
+        after = continuation(parent, items)
+        render_parent, context, in_context, base = after.parent, after.context, after.items, after.base
         rendered: RenderedPrompt | None = None
         if route.renderer is not None:
             call = functools.partial(
@@ -288,8 +327,8 @@ class Pipeline:
         earlier: list[Item] = []
         #: Output items before the engine's (the compaction item of an automatic compaction).
         first_output = 0
-        compact_now = (
-            threshold is not None and rendered is not None and request.generate and rendered.log.num_tokens > threshold
+        compact_now = request.generate and (
+            triggered or (threshold is not None and rendered is not None and rendered.log.num_tokens > threshold)
         )
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
@@ -308,7 +347,6 @@ class Pipeline:
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
             if compact_now:
-                assert rendered is not None
                 rendered, input_context = await self._compact(turn, route, rendered, input_context, out)
                 context_now, base = input_context, list(input_context.own_items)
                 first_output = output_start = round_start = len(out.output)
@@ -484,23 +522,25 @@ class Pipeline:
         return state
 
     async def _compact(
-        self, turn: Turn, route: Route, rendered: RenderedPrompt, context: Conversation, out: OutputBuilder
-    ) -> tuple[RenderedPrompt, Conversation]:
+        self, turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation, out: OutputBuilder
+    ) -> tuple[RenderedPrompt | None, Conversation]:
         """Automatic compaction (``context_management``): the engine summarizes ``context``
         (``response.compaction.compacting`` goes out as it samples), the compaction item is
         output, billed as its own usage record, and becomes the conversation's new base: the
         prompt is a full render of it, and the response is generated from there."""
-        assert route.renderer is not None and turn.seal_compaction is not None
+        assert turn.seal_compaction is not None
         item_id = new_id("cmp")
         index = out.index
 
         async def sampled() -> None:
             await out.send(ev.CompactionCompacting(item_id=item_id, output_index=index))
 
-        summary = await self.summarize(turn, route, item_id, context, rendered.log, on_sample=sampled)
+        summary = await self.summarize(turn, route, item_id, context, rendered.log if rendered else None, on_sample=sampled)
         item = turn.seal_compaction(summary.text, item_id)
         await out.add(item.wire())
         self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "threshold"})
+        if rendered is None or route.renderer is None:  # a message-based backend: no token log
+            return None, EMPTY.extend([item])
         log = route.renderer.render_full(turn.request.instructions, turn.tools, [expanded(item)])
         cached = log.common_prefix(rendered.log)
         return RenderedPrompt(log, rendered.fingerprint, cached, False), EMPTY.extend([item])
@@ -572,12 +612,8 @@ class Pipeline:
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
         turn.conversation_key = (parent.conversation_key if parent else "") or turn.request.prompt_cache_key or turn.response_id
-        context = parent.conversation if parent else EMPTY
-        render_parent = parent
-        in_context = turn.items
-        start = history_start(in_context)
-        if start or (context.count and in_context and replaces_history(in_context[0])):
-            in_context, context, render_parent = in_context[start:], EMPTY, None
+        after = continuation(parent, turn.items)
+        render_parent, context, in_context = after.parent, after.context, after.items
         log = None
         if route.renderer is not None:
             call = functools.partial(
@@ -615,12 +651,12 @@ class Pipeline:
             self.validator(
                 turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media
             )
-            context = parent.conversation if parent else EMPTY
+            after = continuation(parent, turn.items)
             call = functools.partial(
-                render, route.renderer, parent, context, turn.items, turn.request.instructions, turn.tools,
+                render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
                 context_window=sys.maxsize,
             )
-            if self._render_size(parent, turn.items) >= self.offload_chars:
+            if self._render_size(after.parent, after.items) >= self.offload_chars:
                 rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
             else:
                 rendered = call()
@@ -698,7 +734,8 @@ class Pipeline:
             model=turn.model,
             instructions=request.instructions,
             tools=turn.tools,
-            conversation=context,
+            # A message-based backend gets compaction items as the model sees them (their summary).
+            conversation=context if route.renderer is not None else expand_conversation(context),
             prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
             affinity_key=f"{turn.tenant}/{turn.conversation_key}/{route.replica_for(turn.conversation_key)}",
             max_output_tokens=request.max_output_tokens,

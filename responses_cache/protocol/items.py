@@ -115,6 +115,12 @@ class CompactionItem(msgspec.Struct, tag="compaction", frozen=True, omit_default
     created_by: str | None = None
 
 
+class CompactionTrigger(msgspec.Struct, tag="compaction_trigger", frozen=True, omit_defaults=True):
+    """As the final input item: compact the conversation now, before answering."""
+
+    id: str | None = None
+
+
 class ItemReference(msgspec.Struct, tag="item_reference", frozen=True):
     """A reference to an earlier item by id; replaced by that item before the turn runs."""
 
@@ -154,7 +160,7 @@ def enc_hook(obj: Any) -> Any:
 #: Items decoded by msgspec (tagged on ``type``).
 WireItem = (
     Message | FunctionCall | FunctionCallOutput | Reasoning | CustomToolCall | CustomToolCallOutput | ItemReference
-    | CompactionItem
+    | CompactionItem | CompactionTrigger
 )
 Item = WireItem | HostedItem
 ITEM_TYPES: frozenset[str] = frozenset(
@@ -167,6 +173,7 @@ ITEM_TYPES: frozenset[str] = frozenset(
         "custom_tool_call_output",
         "item_reference",
         "compaction",
+        "compaction_trigger",
     }
 )
 #: Items of hosted tools (and other server-side features) accepted in input and carried as sent,

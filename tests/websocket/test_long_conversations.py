@@ -14,7 +14,8 @@ import pytest
 from backends import RecordingBackend, identity
 from wsclient import RENDERER, WS, ws_connect
 
-from responses_cache.compaction import Compaction, expand, open_items
+from responses_cache.compaction import SUMMARY_PREFIX, Compaction, expand, open_items
+from responses_cache.protocol.items import CompactionItem, HostedItem, Message
 from responses_cache.protocol.request import decode_input
 from responses_cache.sealing import Sealer, new_key
 from responses_cache.tokens import BaseRenderer, get_renderer
@@ -205,3 +206,45 @@ async def test_a_resend_without_the_items_before_the_compaction_matches_the_cach
             kept = decode_input(json.dumps(resend[resend.index(response["output"][0]) :]).encode())
             assert [identity(i) for i in seen] == [identity(i) for i in open_items(sealer, "default", kept)]
             history = [*resend, *answer["output"]]
+
+
+async def test_a_compaction_trigger_compacts_now(serve: Any, backend: RecordingBackend) -> None:
+    """``compaction_trigger`` as the final input item (the SDK's ``CompactionTrigger``): the
+    response compacts before answering, whatever the size; anywhere else it is refused."""
+    server = serve(sealer=Sealer.from_text(new_key()))
+    renderer = _renderer()
+    async with ws_connect(server.ws_url) as ws:
+        first = await ws.ok(input="look at parser.py", instructions=INSTRUCTIONS, metadata={"text": "It has a bug."})
+        tag = f"t{next(_tags)}"
+        second = await ws.ok(
+            input=[{"type": "message", "role": "user", "content": "fix it"}, {"type": "compaction_trigger"}],
+            previous_response_id=first["id"], instructions=INSTRUCTIONS, metadata={"tag": tag, "text": "Fixed."},
+        )
+        assert [o["type"] for o in second["output"]] == ["compaction", "message"]
+        call = backend.by_tag(tag)
+        assert len(call.items) == 1 and isinstance(call.items[0], Compaction)
+        _assert_prompt_is_full_render(call, renderer)
+        error = await ws.error(
+            input=[{"type": "compaction_trigger"}, {"type": "message", "role": "user", "content": "go"}],
+            previous_response_id=second["id"], instructions=INSTRUCTIONS,
+        )
+        assert error["error"]["param"] == "input[0].type" and error["error"]["code"] == "invalid_value"
+
+
+async def test_a_message_based_backend_sees_the_summary_as_a_message(serve: Any, backend: RecordingBackend) -> None:
+    """Without a renderer (a chat-style engine) compaction still works: the summary request and
+    every later request carry the summary as a user message, never the sealed item."""
+    server = serve(renderer=None, sealer=Sealer.from_text(new_key()))
+    async with ws_connect(server.ws_url) as ws:
+        first = await ws.ok(input="look at parser.py", metadata={"text": "It has a bug."})
+        second = await ws.ok(
+            input=[{"type": "message", "role": "user", "content": "fix it"}, {"type": "compaction_trigger"}],
+            previous_response_id=first["id"], metadata={"text": "Fixed."},
+        )
+        tag = f"t{next(_tags)}"
+        await ws.ok(input="and now?", previous_response_id=second["id"], metadata={"tag": tag})
+    seen = backend.by_tag(tag).items
+    assert not any(isinstance(i, (Compaction, HostedItem, CompactionItem)) for i in seen)
+    summary = seen[0]
+    assert isinstance(summary, Message) and str(summary.content).startswith(SUMMARY_PREFIX)
+    assert [type(i).__name__ for i in seen] == ["Message", "Message", "Message"]
