@@ -265,10 +265,16 @@ class Pipeline:
             turn.items, triggered = compaction_trigger(turn.items)
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
-        if (threshold is not None or triggered) and turn.seal_compaction is None:
+        if triggered and turn.seal_compaction is None:
             raise invalid_request(
-                "Compaction is not available on this server (it has no sealing key).", "context_management", "unsupported_value"
+                "Compaction is not available on this server (it has no sealing key).",
+                f"input[{turn.reused_items + len(turn.items)}].type",
+                "unsupported_value",
             )
+        if turn.seal_compaction is None:
+            # Without a key ``context_management`` is accepted and does nothing, as encrypted
+            # reasoning is (clients send it by default); a prompt past the window then fails.
+            threshold = None
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None

@@ -178,11 +178,17 @@ def test_without_a_sealing_key_compaction_is_refused_clearly(responses_cache_ser
     item = {"type": "compaction", "encrypted_content": "rcs1.AAAA"}
     refused = httpx.post(f"{server.http_url}/responses", json={"model": MODEL, "input": [item]}, timeout=30)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[0].encrypted_content"
+    trigger = httpx.post(
+        f"{server.http_url}/responses", timeout=30,
+        json={"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "compaction_trigger"}]},
+    )
+    assert trigger.status_code == 400 and trigger.json()["error"]["param"] == "input[1].type"
+    # ``context_management`` is accepted and does nothing (clients send it by default).
     managed = httpx.post(
         f"{server.http_url}/responses", timeout=30,
         json={"model": MODEL, "input": "hi", "context_management": [{"type": "compaction", "compact_threshold": 10}]},
     )
-    assert managed.status_code == 400 and managed.json()["error"]["param"] == "context_management"
+    assert managed.status_code == 200 and managed.json()["output"][0]["type"] == "message"
 
 
 @pytest.mark.parametrize(
