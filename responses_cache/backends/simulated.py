@@ -19,14 +19,15 @@ Default policy, enough to drive a real agent client end to end:
    (checked before rule 1).
 3. The last item is a ``function_call_output`` or ``custom_tool_call_output`` → a short message
    quoting the last non-empty line of the output.
-4. The latest user message is the compaction summary prompt
-   (:data:`~responses_cache.compaction.SUMMARY_PROMPT`) → a deterministic summary: the number of
-   items, the latest user requests (shortened), the start of the previous summary.
-5. Otherwise → a text answer.
+4. Otherwise → a text answer.
 
 Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
 first ``tool_calls`` turns after a user message each call the first function tool with arguments of
 ``argument_tokens`` tokens, then one final answer of ``answer_tokens`` tokens.
+
+In both modes, a last user message that is the compaction summary prompt
+(:data:`~responses_cache.compaction.SUMMARY_PROMPT`) gets a deterministic summary: the number of
+items, the latest user requests (shortened), the start of the previous summary.
 """
 
 from __future__ import annotations
@@ -169,6 +170,8 @@ class SimulatedEngine:
         last = next(items, None)
         functions = request.tools.functions()
         scenario = self.config.scenario
+        if isinstance(last, Message) and last.role == "user" and text_of(last.content) == SUMMARY_PROMPT:
+            return _Plan(text=_summary(request.conversation))  # a compaction, in scenario mode too
         if scenario is not None:
             return self._scenario_plan(request, scenario, functions)
         if isinstance(last, (FunctionCallOutput, CustomToolCallOutput)):
@@ -176,8 +179,6 @@ class SimulatedEngine:
             lines = [line.strip() for line in output.splitlines() if line.strip()]
             quoted = lines[-1] if lines else "(no output)"
             return _Plan(text=f"The command finished. Last line of its output: {quoted}")
-        if isinstance(last, Message) and last.role == "user" and text_of(last.content) == SUMMARY_PROMPT:
-            return _Plan(text=_summary(request.conversation))
         if isinstance(last, Message) and last.role == "user":
             text = text_of(last.content)
             customs = request.tools.customs()
