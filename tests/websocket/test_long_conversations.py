@@ -248,3 +248,20 @@ async def test_a_message_based_backend_sees_the_summary_as_a_message(serve: Any,
     summary = seen[0]
     assert isinstance(summary, Message) and str(summary.content).startswith(SUMMARY_PREFIX)
     assert [type(i).__name__ for i in seen] == ["Message", "Message", "Message"]
+
+
+async def test_a_tampered_compaction_item_is_an_error_event(serve: Any, backend: RecordingBackend) -> None:
+    server = serve(sealer=Sealer.from_text(new_key()))
+    async with ws_connect(server.ws_url) as ws:
+        first = await ws.ok(input="look at parser.py", metadata={"text": "It has a bug."})
+        second = await ws.ok(input=[{"type": "compaction_trigger"}], previous_response_id=first["id"])
+        item = second["output"][0]
+        blob = item["encrypted_content"]
+        tampered = {**item, "encrypted_content": blob[:10] + ("A" if blob[10] != "A" else "B") + blob[11:]}
+        error = await ws.error(input=[tampered, {"type": "message", "role": "user", "content": "go on"}], store=False)
+        assert error["status"] == 400
+        assert error["error"]["code"] == "invalid_encrypted_content"
+        assert error["error"]["param"] == "input[0].encrypted_content" and item["id"] in error["error"]["message"]
+        # The socket stays open, and the untouched item still works.
+        ok = await ws.ok(input=[item, {"type": "message", "role": "user", "content": "go on"}], store=False)
+        assert ok["status"] == "completed"
