@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import (
-    BackendError,
     EngineUsage,
     Finish,
     GenerationRequest,
@@ -93,7 +92,8 @@ async def summarize(
 
     ``on_sample`` is awaited after each piece of summary text (the caller streams progress).
     A backend failure raises :class:`~responses_cache.backends.base.BackendError`; an engine
-    that stops the summary at ``max_output_tokens`` leaves it cut there."""
+    that stops the summary at ``max_output_tokens`` leaves it cut there; one that writes no
+    text gives an empty summary (the caller bills it, then refuses it)."""
     renderer = route.renderer
     prompt = None
     cached = 0
@@ -138,8 +138,6 @@ async def summarize(
         with contextlib.suppress(Exception):
             await stream.aclose()
     text = "".join(pieces).strip()
-    if not text:
-        raise BackendError("The engine wrote no summary for the compaction.", code="server_error")
     if prompt is not None and renderer is not None:
         input_tokens = prompt.num_tokens + len(renderer.generation_prompt)
     else:

@@ -338,7 +338,7 @@ class Pipeline:
         )
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
-            if isinstance(route.backend, PreflightBackend):
+            if isinstance(route.backend, PreflightBackend) and not compact_now:
                 # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
                 opened = await route.backend.open_stream(generation)
         try:
@@ -358,6 +358,8 @@ class Pipeline:
                 first_output = output_start = round_start = len(out.output)
                 if generation is not None:
                     generation = self._generation_request(turn, route, rendered, input_context)
+                    if isinstance(route.backend, PreflightBackend):  # opened on the compacted log
+                        opened = await route.backend.open_stream(generation)
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
@@ -579,6 +581,8 @@ class Pipeline:
             on_sample=on_sample,
         )
         self._bill_summary(turn, route, summary_id, summary.usage)
+        if not summary.text:
+            raise BackendError("The engine wrote no summary for the compaction.", code="server_error")
         return summary
 
     def _bill_summary(self, turn: Turn, route: Route, summary_id: str, usage: Usage) -> None:

@@ -223,3 +223,18 @@ def test_truncation_over_http_reports_what_it_dropped(responses_cache_server_fac
     cuts = [d for d in details if d is not None]
     assert cuts and all(d["dropped_items"] > 0 and d["dropped_tokens"] > 0 for d in cuts)
     assert details[0] is None  # a prompt that fits is not cut
+
+
+def test_an_engine_that_writes_no_summary_fails_the_compaction_and_is_billed(
+    responses_cache_server_factory: Any, sealer: Sealer
+) -> None:
+    from responses_cache.backends.base import EngineUsage, Finish
+    from responses_cache.testing import ScriptedBackend
+
+    usage = Usage()
+    scripted = ScriptedBackend([[Finish(usage=EngineUsage(output_tokens=3))]])
+    server = responses_cache_server_factory(backend=scripted, sealer=sealer, billing=usage)
+    answer = _compact_raw(server, {"input": "look at parser.py"})
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "server_error"
+    assert "no summary" in answer.json()["error"]["message"]
+    assert [r.output_tokens for r in usage.records] == [3]  # what the engine did is billed all the same
