@@ -483,6 +483,7 @@ class Pipeline:
                 if base is None
                 else sum(len(encode(i)) for i in (*base, *after_input))
             ),
+            **self._client_view(parent, after, truncated, base),
         )
         if status != "failed":
             tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
@@ -528,6 +529,21 @@ class Pipeline:
         await out.send(terminal)
         self._observe(turn, rendered, status)
         return state
+
+    @staticmethod
+    def _client_view(
+        parent: ResponseState | None, after: Continuation, truncated: RenderedPrompt | None, base: list[Item] | None
+    ) -> dict[str, int]:
+        """Where the child's conversation starts in the client's (see ``ResponseState.client_offset``):
+        the parent's, moved on by a cut; reset by a compaction (its item is where a resend is
+        matched from)."""
+        offset, ahead = (parent.client_offset, parent.kept_ahead) if parent is not None and after.base is None else (0, 0)
+        if truncated is not None:
+            offset += truncated.dropped_items + truncated.kept_ahead - ahead
+            ahead = truncated.kept_ahead
+        elif base is not None:
+            offset = ahead = 0
+        return {"client_offset": offset, "kept_ahead": ahead}
 
     async def _compact(
         self, turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation, out: OutputBuilder

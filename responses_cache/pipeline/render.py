@@ -52,6 +52,8 @@ class RenderedPrompt:
     dropped_items: int = 0
     #: The untruncated prompt's tokens (set with ``kept``).
     untruncated_tokens: int = 0
+    #: How many of ``kept`` are system/developer messages moved ahead from the dropped part.
+    kept_ahead: int = 0
 
 
 def render(
@@ -125,7 +127,9 @@ def _truncated(
         except DoesNotFit as exc:
             raise _too_long(budget, exc.smallest, at_least=False) from None
     cached = cut.log.common_prefix(parent.token_log) if parent is not None and parent.token_log is not None else 0
-    return RenderedPrompt(cut.log, fingerprint, cached, False, cut.kept, cut.dropped_items, log.num_tokens)
+    return RenderedPrompt(
+        cut.log, fingerprint, cached, False, cut.kept, cut.dropped_items, log.num_tokens, cut.kept_ahead
+    )
 
 
 def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesError:

@@ -46,6 +46,8 @@ class Truncated:
     log: TokenLog
     #: Items dropped from the start of the conversation.
     dropped_items: int
+    #: How many of ``kept`` are system/developer messages moved ahead from the dropped part.
+    kept_ahead: int = 0
 
 
 class DoesNotFit(Exception):
@@ -57,7 +59,8 @@ class DoesNotFit(Exception):
         self.smallest = smallest
 
 
-def _kept_always(item: Item) -> bool:
+def kept_always(item: Item) -> bool:
+    """Is ``item`` kept whatever a cut drops (a system or developer message)?"""
     return isinstance(item, Message) and item.role in ("system", "developer")
 
 
@@ -93,7 +96,7 @@ def truncate(
     for k in range(1, len(items)):  # drop items[:k]; the last item always stays
         item = items[k - 1]
         size = ends[k - 1] - (ends[k - 2] if k > 1 else header)
-        if _kept_always(item):
+        if kept_always(item):
             always.append(item)
             always_tokens += size
         elif isinstance(item, (FunctionCall, CustomToolCall)):
@@ -107,6 +110,6 @@ def truncate(
         kept = [*always, *items[k:]]
         rendered = renderer.render_full(instructions, tools, expand(kept))
         if rendered.num_tokens <= budget:
-            return Truncated(kept, rendered, k - len(always))
+            return Truncated(kept, rendered, k - len(always), len(always))
         smallest = min(smallest, rendered.num_tokens)
     raise DoesNotFit(smallest)

@@ -265,3 +265,37 @@ async def test_a_tampered_compaction_item_is_an_error_event(serve: Any, backend:
         # The socket stays open, and the untouched item still works.
         ok = await ws.ok(input=[item, {"type": "message", "role": "user", "content": "go on"}], store=False)
         assert ok["status"] == "completed"
+
+
+async def test_a_full_resend_after_a_cut_matches_the_cache(serve: Any, backend: RecordingBackend) -> None:
+    """A ``store: false`` client resending its whole input with ``truncation: "auto"``: after a
+    cut it still sends the dropped items; it is matched from where the cut fell (the kept
+    developer message ahead), so the turns between cuts append, and the engine gets the cut
+    conversation plus the new items."""
+    server = serve(context_window=WINDOW)
+    renderer = _renderer()
+    history: list[dict[str, Any]] = [{"type": "message", "role": "developer", "content": "Use tabs, never spaces."}]
+    cuts = appended = 0
+    async with ws_connect(server.ws_url) as ws:
+        for n in range(80):
+            tag = f"t{next(_tags)}"
+            history.append({"type": "message", "role": "user", "content": f"step {n}: fix module_{n}.py please"})
+            before = renderer.stats.items_rendered
+            response = await ws.ok(
+                input=history, store=False, truncation="auto", instructions=INSTRUCTIONS, max_output_tokens=64,
+                metadata={"tag": tag, "text": f"Step {n} is done; module_{n}.py passes its tests."},
+            )
+            rendered = renderer.stats.items_rendered - before
+            call = backend.by_tag(tag)
+            _assert_prompt_is_full_render(call, renderer)
+            seen = [identity(i) for i in call.items]
+            assert seen[0] == identity(decode_input(json.dumps(history[:1]).encode())[0])  # the developer message
+            client = [identity(i) for i in decode_input(json.dumps(history).encode())]
+            assert seen[1:] == client[len(client) - len(seen) + 1 :]  # then the end of the conversation
+            if "truncation_details" in response:
+                cuts += 1
+            elif n:
+                appended += 1
+                assert rendered <= 2, (n, rendered)  # the new message and the last answer
+            history.extend(response["output"])
+    assert cuts >= 3 and appended >= 60
