@@ -54,8 +54,7 @@ from ..protocol import events as ev
 from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import CompactionTrigger, CustomToolCall, FunctionCall, Item, WireItem
-from ..protocol.request import CreateResponse as CreateRequest
-from ..protocol.request import client_fields
+from ..protocol.request import CreateResponse, client_fields
 from ..protocol.response import (
     CompactedResponse,
     IncompleteDetails,
@@ -160,7 +159,7 @@ def compaction_trigger(items: list[Item]) -> tuple[list[Item], bool]:
     return items, False
 
 
-def truncation_budget(request: CreateRequest, route: Route) -> int | None:
+def truncation_budget(request: CreateResponse, route: Route) -> int | None:
     """The prompt tokens a ``truncation: "auto"`` request may use (its route's context window,
     less the generation prompt and ``max_output_tokens`` when set); ``None`` without truncation."""
     if request.truncation != "auto" or route.renderer is None:
