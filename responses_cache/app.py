@@ -17,10 +17,12 @@ from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
 from .background import BackgroundRunner
+from .compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
 from .hot import HotCache
 from .http_api import HTTPApi
 from .lifecycle import Resources
 from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
+from .pipeline.compact import DEFAULT_SUMMARY_TOKENS
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
@@ -84,6 +86,13 @@ class ServerConfig:
     #: Seals ``include: ["reasoning.encrypted_content"]`` reasoning (``Sealer.from_text(key)``;
     #: the sealing extra). ``None``: that option is accepted and does nothing.
     sealer: Sealer | None = None
+    #: ``truncation: "auto"`` cuts a prompt that does not fit to ``1 - truncation_headroom`` of the
+    #: room it has, so the turns after it append to the cut log instead of each cutting again.
+    truncation_headroom: float = 0.25
+    #: How long a compaction item opens after it was made (then it is refused: compact again).
+    compaction_ttl_s: float = DEFAULT_COMPACTION_TTL_S
+    #: The most tokens the engine may write for a compaction's summary.
+    compaction_max_output_tokens: int = DEFAULT_SUMMARY_TOKENS
     #: Finished background responses whose events are kept in memory for late stream readers.
     background_retain: int = 1024
 
@@ -146,12 +155,13 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
-        partition_prefix_cache=cfg.partition_prefix_cache,
+        partition_prefix_cache=cfg.partition_prefix_cache, truncation_headroom=cfg.truncation_headroom,
+        summary_tokens=cfg.compaction_max_output_tokens,
     )
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)
     backends = router.backends() if isinstance(router, StaticRouter) else [backend]
-    core = ResponsesService(router, pipeline, store, hot=hot, sealer=cfg.sealer)
+    core = ResponsesService(router, pipeline, store, hot=hot, sealer=cfg.sealer, compaction_ttl_s=cfg.compaction_ttl_s)
     background = BackgroundRunner(core, retain=cfg.background_retain)
     return Service(
         core=core,

@@ -71,6 +71,9 @@ def _serve(args: argparse.Namespace) -> int:
         write_timeout_s=settings.write_timeout_s,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
+        truncation_headroom=settings.truncation_headroom,
+        compaction_ttl_s=settings.compaction_ttl_s,
+        compaction_max_output_tokens=settings.compaction_max_output_tokens,
         sealer=sealer,
     )
     limits = ConnectionLimits(

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import listing
 from .auth import Authenticator
+from .backends.base import BackendError
 from .background import BackgroundRunner, Frame
 from .protocol import events as ev
 from .protocol.codec import encode
@@ -68,6 +69,7 @@ class HTTPApi:
         return [
             HTTPRoute(f"{prefix}/responses", self.create, methods=["POST"]),
             HTTPRoute(f"{prefix}/responses/input_tokens", self.input_tokens, methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/compact", self.compact, methods=["POST"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.retrieve, methods=["GET"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}/input_items", self.input_items, methods=["GET"]),
             HTTPRoute(f"{prefix}/responses/{{response_id}}", self.delete, methods=["DELETE"]),
@@ -264,6 +266,27 @@ class HTTPApi:
         finally:
             charge.release()
         return json_response({"object": "response.input_tokens", "input_tokens": count})
+
+    async def compact(self, request: Request) -> HTTPResponse:
+        """``POST /v1/responses/compact``: a ``response.compaction`` object (the conversation's
+        user messages and one sealed compaction item); nothing stored."""
+        charge = _Charge(self.input_budget)
+        try:
+            tenant = await self._tenant(request)
+            body = decode_create(await self._body(request, charge))
+            compacted = await self.service.compact(body, tenant)
+        except ResponsesError as exc:
+            return error_response(exc)
+        except ClientDisconnect:
+            return HTTPResponse(status_code=499)
+        except BackendError as exc:
+            return error_response(ResponsesError(str(exc), status=500, type="server_error", code=exc.code))
+        except Exception:
+            logger.exception("POST /responses/compact failed")
+            return error_response(server_error())
+        finally:
+            charge.release()
+        return json_response(compacted)
 
     async def _stored(self, tenant: str, response_id: str) -> StoredResponse:
         stored = await self.service.store.get(tenant, response_id) if self.service.store else None

@@ -15,10 +15,10 @@ Resolution goes down the tiers and stops at the first that has the state:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
-from . import encrypted_reasoning
+from . import compaction, encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
@@ -27,9 +27,10 @@ from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
 from .pipeline.turn import Transport, Turn
 from .protocol.codec import encode
-from .protocol.errors import invalid_request, previous_response_not_found
+from .protocol.errors import ResponsesError, invalid_request, previous_response_not_found
 from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_input
+from .protocol.response import CompactedResponse
 from .protocol.tools import parse_tools
 from .references import ItemIndex, resolve_references
 from .routing import Route, Router
@@ -82,6 +83,7 @@ class ResponsesService:
         delegate_misses: ParentResolver | None = None,
         hot: HotCache | None = None,
         sealer: Sealer | None = None,
+        compaction_ttl_s: float = compaction.DEFAULT_TTL_S,
     ) -> None:
         self.router = router
         self.pipeline = pipeline
@@ -94,12 +96,27 @@ class ResponsesService:
         #: Seals reasoning for ``include: ["reasoning.encrypted_content"]`` and opens what clients
         #: send back (``None``: the option does nothing, and blobs pass through unopened).
         self.sealer = sealer
+        #: How long a compaction item opens after it was made.
+        self.compaction_ttl_s = compaction_ttl_s
         #: Continuations resolved from the hot cache.
         self.hot_hits = 0
         #: Continuations rebuilt from the store (with or without a snapshot).
         self.hydrations = 0
         #: Of those, the ones whose token log came back from the snapshot (no full render).
         self.snapshot_restores = 0
+
+    def _compaction_sealer(self, tenant: str) -> Callable[[str, str], compaction.Compaction] | None:
+        """Seals an automatic compaction's summary for ``tenant`` (``None`` without a key, or
+        for a bridged app)."""
+        sealer = self.sealer
+        if sealer is None or self.delegate_misses is not None:
+            return None
+        ttl = self.compaction_ttl_s
+
+        def seal(summary: str, item_id: str) -> compaction.Compaction:
+            return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id, replaces_history=True)
+
+        return seal
 
     @property
     def supports_steering(self) -> bool:
@@ -124,6 +141,8 @@ class ResponsesService:
         if self.delegate_misses is None:  # a bridged app seals and opens its own reasoning
             if self.sealer is not None:
                 items = encrypted_reasoning.open_items(self.sealer, tenant, items)
+            # Compaction items are opened (their summary restored) or refused with a clear 400.
+            items = compaction.open_items(self.sealer, tenant, items)
             if self.sealer is not None and request.include and encrypted_reasoning.INCLUDE in request.include:
                 # Without a key the option is accepted and does nothing (clients such as Codex
                 # always ask for it): reasoning then carries no encrypted_content.
@@ -138,6 +157,7 @@ class ResponsesService:
             response_id=new_id("resp"),
             created_at=time.time(),
             seal_reasoning=seal,
+            seal_compaction=self._compaction_sealer(tenant),
         )
 
     async def resolve_references(
@@ -232,6 +252,28 @@ class ResponsesService:
         parent = await self.parent_of(turn, route)
         return await self.pipeline.count_prompt(turn, parent, route)
 
+    async def compact(self, request: CreateResponse, tenant: str) -> CompactedResponse:
+        """``POST /v1/responses/compact``: the conversation (``input`` after
+        ``previous_response_id``'s, found as a create finds it) compacted into its user messages
+        and one sealed compaction item (see :meth:`Pipeline.compact`). Needs the server's sealing
+        key: without one it is 400 ``unsupported_value``."""
+        if request.model is None or request.model == "":
+            raise invalid_request("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+        sealer = self.sealer
+        if sealer is None or self.delegate_misses is not None:
+            raise invalid_request(
+                "Compaction is not available on this server (it has no sealing key).", "model", "unsupported_value"
+            )
+        turn = self.prepare(request, tenant, "http")
+        route = self.router.resolve(turn.model, tenant)
+        parent = await self.parent_of(turn, route)
+        ttl = self.compaction_ttl_s
+
+        def seal(summary: str, item_id: str) -> compaction.Compaction:
+            return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id)
+
+        return await self.pipeline.compact(turn, parent, route, seal)
+
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""
         state = await self.pipeline.run(turn, parent, route, emit)
@@ -270,9 +312,16 @@ class ResponsesService:
         conversation = EMPTY
         open_calls: dict[str, str] = {}
         for stored in chain:
-            own = [*stored.input_items, *stored.response.output]
+            own: list[Item] = [*stored.input_items, *stored.response.output]
+            try:  # stored compaction items: opened without an expiry (the server kept them)
+                own = compaction.open_items(self.sealer, tenant, own, now=-1.0)
+            except ResponsesError:
+                return None
             conversation = conversation.extend(own)
             open_calls = open_calls_after(open_calls, own)
+        start = compaction.history_start(conversation.items()) if self.sealer is not None else 0
+        if start:  # an automatic compaction replaced the conversation before it
+            conversation = EMPTY.extend(conversation.items()[start:])
         last = chain[-1]
         tools = parse_tools(last.tools_json)
         log = fingerprint = None

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .compaction import history_start, replaces_history
 from .conversation import Conversation
 from .pipeline.append import AppendChannel, append_not_enabled
 from .pipeline.interrupt import Interrupt
+from .pipeline.truncate import kept_always
 from .protocol import events as ev
 from .protocol.codec import too_deep
 from .protocol.errors import (
@@ -504,10 +506,28 @@ class Session:
         request = pending.request
         if state.instructions != request.instructions or state.tools.fingerprint != tools_fingerprint:
             return None
-        count, identical = reusable_prefix(state.conversation.items(), items, state.token_log)
-        if count == 0:
+        cached = state.conversation.items()
+        skip = 0
+        ahead: list[Item] = []
+        if cached and replaces_history(cached[0]):
+            # The cached conversation starts at an automatic compaction's item: a client that kept
+            # the items before it (not dropping them, as it may) is matched from that item on.
+            start = history_start(items)
+            if start and items[start] == cached[0]:
+                skip = start
+        elif state.client_offset and len(items) > state.client_offset:
+            # ``truncation: "auto"`` cut the cached conversation: the client still sends what was
+            # dropped; match the kept system/developer messages, then from where the cut fell.
+            ahead = [i for i in items[: state.client_offset] if kept_always(i)]
+            if len(ahead) == state.kept_ahead:
+                skip = state.client_offset
+            else:
+                ahead = []
+        view = [*ahead, *items[skip:]] if skip else items
+        count, identical = reusable_prefix(cached, view, state.token_log)
+        if count <= len(ahead):
             return None
-        return rebased(state, items, count, identical, renderer), count
+        return rebased(state, view, count, identical, renderer), skip + count - len(ahead)
 
     def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
         """A turn ended: ``state`` is its response's state, ``None`` if it failed before one existed

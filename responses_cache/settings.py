@@ -126,6 +126,13 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     partition_prefix_cache: bool = True
+    #: ``truncation: "auto"`` cuts a prompt that does not fit down to this fraction of the room
+    #: below what it needs (0.25: to 75 % of it), so the turns after it append for a while.
+    truncation_headroom: float = 0.25
+    #: How long a compaction item opens after it was made (30 days).
+    compaction_ttl_s: float = 30 * 24 * 3600.0
+    #: The most tokens the engine may write for a compaction's summary.
+    compaction_max_output_tokens: int = 4096
     #: The key that seals ``include: ["reasoning.encrypted_content"]`` reasoning: 32 random bytes
     #: in base64 (the sealing extra). Unset: that option does nothing. Give it by file or by the
     #: environment (``RESPONSES_CACHE_SEALING_KEY``), never on a command line.

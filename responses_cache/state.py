@@ -49,6 +49,12 @@ class ResponseState:
     conversation_key: str = ""
     #: Approximate bytes of the items of the whole conversation (for cache budgets).
     total_bytes: int = 0
+    #: After ``truncation: "auto"`` cut the conversation: where the kept items start in the
+    #: conversation as the client holds it (``client_offset``), and how many system/developer
+    #: messages from before that point the conversation holds ahead of them (``kept_ahead``), so
+    #: a client resending its whole input is matched from there. Both 0 otherwise.
+    client_offset: int = 0
+    kept_ahead: int = 0
 
     @property
     def id(self) -> str:

@@ -29,6 +29,10 @@ sampled-id and rendering paths run as they would against a real engine.
 Scenario mode (``scenario=Scenario(...)``) replays a scripted coding-agent rollout instead: the
 first ``tool_calls`` turns after a user message each call the first function tool with arguments of
 ``argument_tokens`` tokens, then one final answer of ``answer_tokens`` tokens.
+
+In both modes, a last user message that is the compaction summary prompt
+(:data:`~responses_cache.compaction.SUMMARY_PROMPT`) gets a deterministic summary: the number of
+items, the latest user requests (shortened), the start of the previous summary.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
+from ..compaction import SUMMARY_PROMPT, Compaction
+from ..conversation import Conversation
 from ..protocol.items import (
     CustomToolCall,
     CustomToolCallOutput,
@@ -232,6 +238,8 @@ class SimulatedEngine:
         last = next(items, None)
         functions = request.tools.functions()
         scenario = self.config.scenario
+        if isinstance(last, Message) and last.role == "user" and text_of(last.content) == SUMMARY_PROMPT:
+            return _Plan(text=_summary(request.conversation))  # a compaction, in scenario mode too
         if scenario is not None:
             return self._scenario_plan(request, scenario, functions)
         if isinstance(last, (FunctionCallOutput, CustomToolCallOutput)):
@@ -342,6 +350,24 @@ def _shell_tool(
                     return candidate
                 best = best or candidate
     return best
+
+
+def _summary(conversation: Conversation, keep: int = 8) -> str:
+    """A compaction's deterministic summary: how many items there were, the latest ``keep`` user
+    requests (shortened) and the start of the previous summary, if any."""
+    items = conversation.items()[:-1]  # the summary prompt aside
+    asked: list[str] = []
+    earlier = ""
+    for item in reversed(items):
+        if isinstance(item, Message) and item.role == "user" and len(asked) < keep:
+            asked.append(" ".join(text_of(item.content).split())[:60])
+        elif isinstance(item, Compaction) and not earlier:
+            earlier = " ".join(item.summary.split())[:120]
+    lines = [f"Simulated summary of {len(items)} items."]
+    lines += [f"The user asked: {text}" for text in reversed(asked)]
+    if earlier:
+        lines.append(f"Before that: {earlier}")
+    return "\n".join(lines)
 
 
 def _answer(prompt_text: str, tokens: int) -> str:

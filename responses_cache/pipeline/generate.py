@@ -129,6 +129,15 @@ class OutputBuilder:
         )
         await self.send(ev.OutputItemAdded(output_index=self.index, item=item))
 
+    async def add(self, item: WireItem) -> None:
+        """Output a finished item made by the server, not sampled (a compaction item): its
+        ``output_item.added`` and ``.done``. Its tokens are not output tokens."""
+        await self.close()
+        index = self.index
+        await self.send(ev.OutputItemAdded(output_index=index, item=item))
+        self.output.append(item)
+        await self.send(ev.OutputItemDone(output_index=index, item=item))
+
     async def close(self, status: Literal["completed", "incomplete"] = "completed") -> None:
         """Close the open item (if any) and emit its ``.done`` events."""
         kind, text, index, item_id = self._kind, "".join(self._buffer), self.index, self._item_id

@@ -38,21 +38,40 @@ from ..backends.base import (
 )
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
+from ..compaction import (
+    Compaction,
+    expand_conversation,
+    expanded,
+    history_start,
+    replaces_history,
+    user_messages,
+)
 from ..conversation import EMPTY, Conversation
+from ..ids import new_id
+from ..listing import wire_item
 from ..metrics import Metrics, NullMetrics
 from ..protocol import events as ev
 from ..protocol.codec import encode
-from ..protocol.errors import ResponsesError
-from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
-from ..protocol.request import client_fields
-from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
+from ..protocol.errors import ResponsesError, invalid_request
+from ..protocol.items import CompactionTrigger, CustomToolCall, FunctionCall, Item, WireItem
+from ..protocol.request import CreateResponse, client_fields
+from ..protocol.response import (
+    CompactedResponse,
+    IncompleteDetails,
+    Response,
+    ResponseErrorInfo,
+    TruncationDetails,
+    Usage,
+)
 from ..protocol.tools import tool_cache
 from ..references import ItemIndex
 from ..routing import Route
 from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
+from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
 from .append import AwaitingInput
+from .compact import DEFAULT_SUMMARY_TOKENS, Summary, compact_threshold, summarize
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner, Verdict
 from .interrupt import Interrupt
@@ -105,6 +124,49 @@ def tenant_salt(tenant: str) -> str:
     return hashlib.sha256(b"responses-cache/prefix-cache/" + tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Continuation:
+    """What a turn's items continue: the parent to append to (``None``: render in full), the
+    context before the items, the items that enter the context, and the new base when an
+    automatic compaction's item among them replaced everything before it (``None`` otherwise)."""
+
+    parent: ResponseState | None
+    context: Conversation
+    items: list[Item]
+    base: list[Item] | None
+
+
+def continuation(parent: ResponseState | None, items: list[Item]) -> Continuation:
+    """The latest item made by automatic compaction replaces everything before it (a client may
+    resend the items before it or not: the model sees the same conversation)."""
+    context = parent.conversation if parent else EMPTY
+    start = history_start(items)
+    if start or (context.count and items and replaces_history(items[0])):
+        return Continuation(None, EMPTY, items[start:], items[start:])
+    return Continuation(parent, context, items, None)
+
+
+def compaction_trigger(items: list[Item]) -> tuple[list[Item], bool]:
+    """``items`` without a final ``compaction_trigger`` item, and whether there was one (it
+    compacts the context now); one anywhere else is a 400."""
+    for index, item in enumerate(items):
+        if isinstance(item, CompactionTrigger) and index != len(items) - 1:
+            raise invalid_request(
+                "A 'compaction_trigger' item must be the final input item.", f"input[{index}].type", "invalid_value"
+            )
+    if items and isinstance(items[-1], CompactionTrigger):
+        return items[:-1], True
+    return items, False
+
+
+def truncation_budget(request: CreateResponse, route: Route) -> int | None:
+    """The prompt tokens a ``truncation: "auto"`` request may use (its route's context window,
+    less the generation prompt and ``max_output_tokens`` when set); ``None`` without truncation."""
+    if request.truncation != "auto" or route.renderer is None:
+        return None
+    return route.window - len(route.renderer.generation_prompt) - (request.max_output_tokens or 0)
+
+
 class UsageSubmitter(Protocol):
     def submit(self, record: UsageRecord) -> None: ...
 
@@ -149,7 +211,15 @@ class Pipeline:
         offload_chars: int = 64 * 1024,
         tokenizer_threads: int | None = None,
         partition_prefix_cache: bool = True,
+        truncation_headroom: float = 0.25,
+        summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
     ) -> None:
+        #: The most tokens the engine may write for a compaction's summary.
+        self.summary_tokens = summary_tokens
+        if not 0.0 <= truncation_headroom < 1.0:
+            raise ValueError(f"truncation_headroom is a fraction in [0, 1), not {truncation_headroom}")
+        #: ``truncation: "auto"`` cuts a prompt that does not fit down to ``1 - this`` of its room.
+        self.truncation_headroom = truncation_headroom
         #: Give each tenant its own engine prefix cache (``GenerationRequest.cache_salt``), so time
         #: to first token cannot tell one tenant what another sent. ``False`` shares the cache.
         self.partition_prefix_cache = partition_prefix_cache
@@ -189,6 +259,21 @@ class Pipeline:
             )
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
+        threshold = compact_threshold(request.context_management)
+        try:
+            turn.items, triggered = compaction_trigger(turn.items)
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        if triggered and turn.seal_compaction is None:
+            raise invalid_request(
+                "Compaction is not available on this server (it has no sealing key).",
+                f"input[{turn.reused_items + len(turn.items)}].type",
+                "unsupported_value",
+            )
+        if turn.seal_compaction is None:
+            # Without a key ``context_management`` is accepted and does nothing, as encrypted
+            # reasoning is (clients send it by default); a prompt past the window then fails.
+            threshold = None
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
@@ -196,12 +281,16 @@ class Pipeline:
         t1 = time.perf_counter()
         timings["validate"] = t1 - t0
 
-        context = parent.conversation if parent else EMPTY
+        # The conversation's new base (``base``) when this turn replaced what came before: an
+        # automatic compaction's item sent back, truncation, or a compaction made now.
+        after = continuation(parent, items)
+        render_parent, context, in_context, base = after.parent, after.context, after.items, after.base
         rendered: RenderedPrompt | None = None
         if route.renderer is not None:
             call = functools.partial(
-                render, route.renderer, parent, context, items, request.instructions, turn.tools,
-                context_window=route.window,
+                render, route.renderer, render_parent, context, in_context, request.instructions, turn.tools,
+                context_window=route.window, truncate_to=truncation_budget(request, route),
+                truncation_headroom=self.truncation_headroom,
             )
             try:
                 if self._render_size(parent, items) >= self.offload_chars:
@@ -216,7 +305,14 @@ class Pipeline:
         t2 = time.perf_counter()
         timings["render"] = t2 - t1
 
-        input_context = context.extend(items)
+        input_context = context.extend(in_context)
+        truncated = rendered if rendered is not None and rendered.kept is not None else None
+        if rendered is not None and rendered.kept is not None:
+            # ``truncation: "auto"`` dropped items: the kept ones are the conversation's new base.
+            input_context = EMPTY.extend(rendered.kept)
+            base = rendered.kept
+            self.metrics.inc("truncations_total", {"transport": turn.transport})
+            self.metrics.inc("truncated_items_total", {"transport": turn.transport}, rendered.dropped_items)
         out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
         status: Any = "completed"
         error: ResponseErrorInfo | None = None
@@ -234,9 +330,14 @@ class Pipeline:
         output_start = round_start = 0
         context_now = input_context
         earlier: list[Item] = []
+        #: Output items before the engine's (the compaction item of an automatic compaction).
+        first_output = 0
+        compact_now = request.generate and (
+            triggered or (threshold is not None and rendered is not None and rendered.log.num_tokens > threshold)
+        )
         if request.generate:
             generation = self._generation_request(turn, route, rendered, input_context)
-            if isinstance(route.backend, PreflightBackend):
+            if isinstance(route.backend, PreflightBackend) and not compact_now:
                 # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
                 opened = await route.backend.open_stream(generation)
         try:
@@ -250,6 +351,14 @@ class Pipeline:
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             history = parent.conversation if parent else None
+            if compact_now:
+                rendered, input_context = await self._compact(turn, route, rendered, input_context, out)
+                context_now, base = input_context, list(input_context.own_items)
+                first_output = output_start = round_start = len(out.output)
+                if generation is not None:
+                    generation = self._generation_request(turn, route, rendered, input_context)
+                    if isinstance(route.backend, PreflightBackend):  # opened on the compacted log
+                        opened = await route.backend.open_stream(generation)
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
@@ -342,6 +451,10 @@ class Pipeline:
         t3 = time.perf_counter()
         usage = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
         final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
+        if truncated is not None:
+            final.truncation_details = TruncationDetails(
+                truncated.dropped_items, truncated.untruncated_tokens - truncated.log.num_tokens
+            )
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
         durable = self._bill(turn, route, usage, status)
@@ -361,10 +474,15 @@ class Pipeline:
             fingerprint=rendered.fingerprint if rendered else None,
             token_log=log,
             route=route,
-            open_calls=open_calls_after(open_calls, after_input),
+            open_calls=open_calls_after(open_calls if base is None else open_calls_after({}, base), after_input),
             hook_state={**hook_state, **alongside_state},
             conversation_key=turn.conversation_key,
-            total_bytes=(parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items),
+            total_bytes=(
+                (parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items)
+                if base is None
+                else sum(len(encode(i)) for i in (*base, *after_input))
+            ),
+            **self._client_view(parent, after, truncated, base),
         )
         if status != "failed":
             tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
@@ -382,7 +500,12 @@ class Pipeline:
                 snapshot = delta(log, since)
             # A response that took appends is stored with them in its output, where they came, so
             # that a continuation hydrated from the store sees the conversation the model saw.
-            stored = msgspec.structs.replace(final, output=after_input) if round_start else final
+            # (An automatic compaction's item stays first, where the client saw it.)
+            stored = (
+                msgspec.structs.replace(final, output=[*out.output[:first_output], *after_input])
+                if round_start != first_output
+                else final
+            )
             try:
                 await self.store.put(
                     StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
@@ -406,6 +529,142 @@ class Pipeline:
         self._observe(turn, rendered, status)
         return state
 
+    @staticmethod
+    def _client_view(
+        parent: ResponseState | None, after: Continuation, truncated: RenderedPrompt | None, base: list[Item] | None
+    ) -> dict[str, int]:
+        """Where the child's conversation starts in the client's (see ``ResponseState.client_offset``):
+        the parent's, moved on by a cut; reset by a compaction (its item is where a resend is
+        matched from)."""
+        offset, ahead = (parent.client_offset, parent.kept_ahead) if parent is not None and after.base is None else (0, 0)
+        if truncated is not None:
+            offset += truncated.dropped_items + truncated.kept_ahead - ahead
+            ahead = truncated.kept_ahead
+        elif base is not None:
+            offset = ahead = 0
+        return {"client_offset": offset, "kept_ahead": ahead}
+
+    async def _compact(
+        self, turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation, out: OutputBuilder
+    ) -> tuple[RenderedPrompt | None, Conversation]:
+        """Automatic compaction (``context_management``): the engine summarizes ``context``
+        (``response.compaction.compacting`` goes out as it samples), the compaction item is
+        output, billed as its own usage record, and becomes the conversation's new base: the
+        prompt is a full render of it, and the response is generated from there."""
+        assert turn.seal_compaction is not None
+        item_id = new_id("cmp")
+        index = out.index
+
+        async def sampled() -> None:
+            await out.send(ev.CompactionCompacting(item_id=item_id, output_index=index))
+
+        summary = await self.summarize(turn, route, item_id, context, rendered.log if rendered else None, on_sample=sampled)
+        item = turn.seal_compaction(summary.text, item_id)
+        await out.add(item.wire())
+        self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "threshold"})
+        if rendered is None or route.renderer is None:  # a message-based backend: no token log
+            return None, EMPTY.extend([item])
+        log = route.renderer.render_full(turn.request.instructions, turn.tools, [expanded(item)])
+        cached = log.common_prefix(rendered.log)
+        return RenderedPrompt(log, rendered.fingerprint, cached, False), EMPTY.extend([item])
+
+    async def summarize(
+        self,
+        turn: Turn,
+        route: Route,
+        summary_id: str,
+        context: Conversation,
+        log: TokenLog | None,
+        on_sample: Callable[[], Awaitable[None]] | None = None,
+    ) -> Summary:
+        """The engine's summary of ``context`` for ``turn``'s tenant and conversation (its
+        engine replica and prefix cache), billed as its own usage record (``summary_id``)."""
+        conversation_key = turn.conversation_key or turn.response_id
+        summary = await summarize(
+            route,
+            response_id=summary_id,
+            model=turn.model,
+            instructions=turn.request.instructions,
+            tools=turn.tools,
+            context=context,
+            log=log,
+            affinity_key=f"{turn.tenant}/{conversation_key}/{route.replica_for(conversation_key)}",
+            tenant=turn.tenant,
+            cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
+            headers=turn.headers,
+            max_output_tokens=self.summary_tokens,
+            on_sample=on_sample,
+        )
+        self._bill_summary(turn, route, summary_id, summary.usage)
+        if not summary.text:
+            raise BackendError("The engine wrote no summary for the compaction.", code="server_error")
+        return summary
+
+    def _bill_summary(self, turn: Turn, route: Route, summary_id: str, usage: Usage) -> None:
+        """A compaction's usage: a record of its own (its id), apart from any response's."""
+        if self.billing is None:
+            return
+        try:
+            self.billing.submit(
+                UsageRecord(
+                    response_id=summary_id,
+                    tenant=turn.tenant,
+                    model=turn.model,
+                    route=route.name,
+                    status="completed",
+                    input_tokens=usage.input_tokens,
+                    cached_tokens=usage.input_tokens_details.cached_tokens,
+                    output_tokens=usage.output_tokens,
+                    reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+                    created_at=turn.created_at,
+                    finished_at=self.clock(),
+                    transport=turn.transport,
+                    previous_response_id=turn.request.previous_response_id,
+                )
+            )
+        except Exception:  # billing must never break a turn; the biller keeps what it can
+            logger.exception("could not submit the usage record of compaction %s", summary_id)
+
+    async def compact(
+        self, turn: Turn, parent: ResponseState | None, route: Route, seal: Callable[[str, str], Compaction]
+    ) -> CompactedResponse:
+        """``POST /v1/responses/compact``: the engine summarizes the conversation (``turn``'s input
+        after ``parent``'s), and the answer is its user messages followed by one compaction item
+        sealing the summary (``seal(summary, item id)``). Nothing is stored; the summary's usage
+        is billed under the answer's id."""
+        try:
+            self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+        turn.conversation_key = (parent.conversation_key if parent else "") or turn.request.prompt_cache_key or turn.response_id
+        after = continuation(parent, turn.items)
+        render_parent, context, in_context = after.parent, after.context, after.items
+        log = None
+        if route.renderer is not None:
+            call = functools.partial(
+                render, route.renderer, render_parent, context, in_context, turn.request.instructions, turn.tools,
+                context_window=route.window,
+            )
+            try:
+                if self._render_size(render_parent, in_context) >= self.offload_chars:
+                    rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+                else:
+                    rendered = call()
+            except ResponsesError as exc:
+                raise renumbered(exc, turn.reused_items) from None
+            log = rendered.log
+        conversation = context.extend(in_context)
+        summary = await self.summarize(turn, route, turn.response_id, conversation, log)
+        item = seal(summary.text, new_id("cmp"))
+        self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "compact"})
+        return CompactedResponse(
+            id=turn.response_id,
+            created_at=int(turn.created_at),
+            # Messages in the SDK's item shape (content parts, an id, a status), as a listing shows them.
+            output=[*(wire_item(m, turn.response_id, i) for i, m in enumerate(user_messages(conversation.items()))), item.wire()],
+            usage=summary.usage,
+        )
+
     async def count_prompt(self, turn: Turn, parent: ResponseState | None, route: Route) -> int:
         """The prompt tokens the engine would receive for ``turn`` (``POST /v1/responses/input_tokens``):
         the turn is validated and rendered as :meth:`run` would render it — appended to the
@@ -417,12 +676,12 @@ class Pipeline:
             self.validator(
                 turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media
             )
-            context = parent.conversation if parent else EMPTY
+            after = continuation(parent, turn.items)
             call = functools.partial(
-                render, route.renderer, parent, context, turn.items, turn.request.instructions, turn.tools,
+                render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
                 context_window=sys.maxsize,
             )
-            if self._render_size(parent, turn.items) >= self.offload_chars:
+            if self._render_size(after.parent, after.items) >= self.offload_chars:
                 rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
             else:
                 rendered = call()
@@ -500,7 +759,8 @@ class Pipeline:
             model=turn.model,
             instructions=request.instructions,
             tools=turn.tools,
-            conversation=context,
+            # A message-based backend gets compaction items as the model sees them (their summary).
+            conversation=context if route.renderer is not None else expand_conversation(context),
             prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
             affinity_key=f"{turn.tenant}/{turn.conversation_key}/{route.replica_for(turn.conversation_key)}",
             max_output_tokens=request.max_output_tokens,

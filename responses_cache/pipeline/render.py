@@ -3,6 +3,9 @@
 When the parent's log was rendered under the same fingerprint (template, encoding, instructions,
 tools), the new items are appended to it — O(new items). Otherwise (no cached log, or changed
 instructions/tools) the whole conversation is rendered again, which is always correct.
+
+A compaction item is rendered as the model sees it: its summary as a user message
+(:func:`~responses_cache.compaction.expanded`), one log item for one conversation item.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..compaction import expand
 from ..conversation import Conversation
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import (
@@ -28,6 +32,7 @@ from ..protocol.tools import ToolSet
 from ..state import ResponseState
 from ..tokens.base import longest_token_within, max_token_bytes
 from ..tokens.errors import RenderError
+from .truncate import DoesNotFit, truncate
 
 if TYPE_CHECKING:
     from ..tokens.base import Renderer
@@ -41,6 +46,14 @@ class RenderedPrompt:
     #: Leading tokens shared with the parent's cached log (reported as ``cached_tokens``).
     cached_tokens: int
     incremental: bool
+    #: Set when ``truncation: "auto"`` dropped items: the whole conversation the log holds now
+    #: (the new base), and how many items were dropped from its start.
+    kept: list[Item] | None = None
+    dropped_items: int = 0
+    #: The untruncated prompt's tokens (set with ``kept``).
+    untruncated_tokens: int = 0
+    #: How many of ``kept`` are system/developer messages moved ahead from the dropped part.
+    kept_ahead: int = 0
 
 
 def render(
@@ -52,21 +65,28 @@ def render(
     tools: ToolSet,
     *,
     context_window: int,
+    truncate_to: int | None = None,
+    truncation_headroom: float = 0.0,
 ) -> RenderedPrompt:
+    """The prompt of ``context`` + ``items``. With ``truncate_to`` (``truncation: "auto"``), a
+    prompt over that many tokens has whole items dropped from its start until it fits (see
+    :mod:`~responses_cache.pipeline.truncate`); without it, a prompt over ``context_window`` is
+    ``context_length_exceeded``. A cut prompt is cut down to ``1 - truncation_headroom`` of
+    ``truncate_to`` where it can be, so that the next turns append to it instead of cutting again."""
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
     # Reject what cannot fit before tokenizing it (a known parent log counts exactly).
     known = parent.token_log.num_tokens if incremental_attempt and parent is not None and parent.token_log is not None else 0
     floor = known + token_floor(renderer, items, context_window - known)
-    if floor > context_window:
+    if floor > context_window and truncate_to is None:
         raise _too_long(context_window, floor, at_least=True)
     try:
         if incremental_attempt:
             assert parent is not None and parent.token_log is not None
-            log = renderer.extend(parent.token_log, items)
+            log = renderer.extend(parent.token_log, expand(items))
             cached, incremental = log.common_prefix(parent.token_log), True
         else:
-            log = renderer.render_full(instructions, tools, [*context.items(), *items])
+            log = renderer.render_full(instructions, tools, expand([*context.items(), *items]))
             cached, incremental = 0, False
     except RenderError as exc:
         # Items before the new ones rendered fine last turn, so the index points into ``items``
@@ -74,9 +94,42 @@ def render(
         index = exc.item_index - (0 if incremental_attempt else len(context))
         param = f"input[{index}].{exc.param}" if index >= 0 else "input"
         raise invalid_request(exc.message, param, "unsupported_value") from None
+    if truncate_to is not None and log.num_tokens > truncate_to:
+        target = truncate_to - int(truncate_to * truncation_headroom)
+        return _truncated(renderer, parent, context, items, instructions, tools, log, fingerprint, truncate_to, target)
     if log.num_tokens > context_window:
         raise _too_long(context_window, log.num_tokens, at_least=False)
     return RenderedPrompt(log, fingerprint, cached, incremental)
+
+
+def _truncated(
+    renderer: Renderer,
+    parent: ResponseState | None,
+    context: Conversation,
+    items: list[Item],
+    instructions: str | None,
+    tools: ToolSet,
+    log: TokenLog,
+    fingerprint: bytes,
+    budget: int,
+    target: int,
+) -> RenderedPrompt:
+    """The conversation cut to fit ``budget`` (``truncation: "auto"``): a full render of the kept
+    items, which become the conversation's new base."""
+    conversation = [*context.items(), *items]
+    if log.num_items != len(conversation):  # a log that does not cover the context: measure afresh
+        log = renderer.render_full(instructions, tools, expand(conversation))
+    try:
+        cut = truncate(renderer, instructions, tools, conversation, log, target)
+    except DoesNotFit:
+        try:  # not down to the target: as far as the budget, then
+            cut = truncate(renderer, instructions, tools, conversation, log, budget)
+        except DoesNotFit as exc:
+            raise _too_long(budget, exc.smallest, at_least=False) from None
+    cached = cut.log.common_prefix(parent.token_log) if parent is not None and parent.token_log is not None else 0
+    return RenderedPrompt(
+        cut.log, fingerprint, cached, False, cut.kept, cut.dropped_items, log.num_tokens, cut.kept_ahead
+    )
 
 
 def _too_long(context_window: int, tokens: int, *, at_least: bool) -> ResponsesError:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..compaction import Compaction
 from ..protocol.items import Item, Reasoning
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
@@ -43,6 +44,9 @@ class Turn:
     #: Seals each finished reasoning item's text into its ``encrypted_content``
     #: (``include: ["reasoning.encrypted_content"]``; see :mod:`responses_cache.encrypted_reasoning`).
     seal_reasoning: Callable[[Reasoning], Reasoning] | None = None
+    #: Seals a summary into a compaction item (``(summary, item id)``; set when the server has a
+    #: sealing key; see :mod:`responses_cache.compaction`).
+    seal_compaction: Callable[[str, str], Compaction] | None = None
 
     @property
     def model(self) -> str:

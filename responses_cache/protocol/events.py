@@ -74,6 +74,13 @@ class OutputItemDone(Event, tag="response.output_item.done"):
     item: Item
 
 
+class CompactionCompacting(Event, tag="response.compaction.compacting"):
+    """Summary text was sampled for a compaction (``context_management``); carries none of it."""
+
+    item_id: str
+    output_index: int
+
+
 class ContentPartAdded(ContentEvent, tag="response.content_part.added"):
     part: OutputText
 

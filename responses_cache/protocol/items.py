@@ -106,6 +106,21 @@ class CustomToolCallOutput(msgspec.Struct, tag="custom_tool_call_output", frozen
     id: str | None = None
 
 
+class CompactionItem(msgspec.Struct, tag="compaction", frozen=True, omit_defaults=True):
+    """A compaction item as the wire carries it: a summary sealed by the server. The server opens
+    it into :class:`responses_cache.compaction.Compaction` before anything reads it."""
+
+    encrypted_content: str
+    id: str | None = None
+    created_by: str | None = None
+
+
+class CompactionTrigger(msgspec.Struct, tag="compaction_trigger", frozen=True, omit_defaults=True):
+    """As the final input item: compact the conversation now, before answering."""
+
+    id: str | None = None
+
+
 class ItemReference(msgspec.Struct, tag="item_reference", frozen=True):
     """A reference to an earlier item by id; replaced by that item before the turn runs."""
 
@@ -114,7 +129,7 @@ class ItemReference(msgspec.Struct, tag="item_reference", frozen=True):
 
 class HostedItem:
     """An item of a hosted tool this server does not run (``web_search_call``, ``mcp_call``,
-    ``compaction``…), kept exactly as the client sent it: ``raw`` is its JSON, re-encoded
+    ``mcp_call``…), kept exactly as the client sent it: ``raw`` is its JSON, re-encoded
     byte for byte (see :func:`enc_hook`)."""
 
     __slots__ = ("call_id", "id", "raw", "type")
@@ -143,7 +158,10 @@ def enc_hook(obj: Any) -> Any:
 
 
 #: Items decoded by msgspec (tagged on ``type``).
-WireItem = Message | FunctionCall | FunctionCallOutput | Reasoning | CustomToolCall | CustomToolCallOutput | ItemReference
+WireItem = (
+    Message | FunctionCall | FunctionCallOutput | Reasoning | CustomToolCall | CustomToolCallOutput | ItemReference
+    | CompactionItem | CompactionTrigger
+)
 Item = WireItem | HostedItem
 ITEM_TYPES: frozenset[str] = frozenset(
     {
@@ -154,6 +172,8 @@ ITEM_TYPES: frozenset[str] = frozenset(
         "custom_tool_call",
         "custom_tool_call_output",
         "item_reference",
+        "compaction",
+        "compaction_trigger",
     }
 )
 #: Items of hosted tools (and other server-side features) accepted in input and carried as sent,
@@ -177,7 +197,6 @@ HOSTED_ITEMS: dict[str, tuple[str, ...]] = {
     "mcp_call": ("id", "arguments", "name", "server_label"),
     "tool_search_call": ("arguments",),
     "tool_search_output": ("tools",),
-    "compaction": ("encrypted_content",),
 }
 HOSTED_ITEM_TYPES: frozenset[str] = frozenset(HOSTED_ITEMS)
 

@@ -47,6 +47,16 @@ class IncompleteDetails(msgspec.Struct, frozen=True):
     reason: str
 
 
+class TruncationDetails(msgspec.Struct, frozen=True):
+    """What ``truncation: "auto"`` dropped to fit the context window (an extension field of the
+    Response object, present only on a response whose prompt was truncated)."""
+
+    #: Items dropped from the start of the conversation.
+    dropped_items: int
+    #: Prompt tokens those items took (the untruncated prompt minus the one the engine got).
+    dropped_tokens: int
+
+
 class Response(msgspec.Struct, kw_only=True):
     """A Response object. Required fields are always encoded; ``None`` encodes as ``null``."""
 
@@ -80,3 +90,17 @@ class Response(msgspec.Struct, kw_only=True):
     safety_identifier: str | None = None
     user: str | None = None
     usage: Usage | None = None
+    #: Set only when ``truncation: "auto"`` dropped items (left out of the JSON otherwise).
+    truncation_details: TruncationDetails | msgspec.UnsetType = msgspec.UNSET
+
+
+class CompactedResponse(msgspec.Struct, kw_only=True):
+    """``POST /v1/responses/compact``'s answer (the SDK's ``CompactedResponse``): every user
+    message of the conversation, then one ``compaction`` item."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    #: Messages and a compaction item (a server-made item, encoded by the codec's hook).
+    output: list[Any]
+    usage: Usage

@@ -291,6 +291,18 @@ class TokenLog:
             return True
         return not ancestor(self._node, item_index).flags & JOINED
 
+    def item_ends(self) -> list[int]:
+        """For each item, the log's visible tokens up to and including it (header included), as
+        the log shows them now: ``item_ends()[i] - item_ends()[i - 1]`` is item ``i``'s size.
+        O(items), no token copied (what truncation measures the conversation with)."""
+        ends: list[int] = []
+        node: Node | None = self._node
+        while node is not None and node.index >= 0:
+            ends.append(node.total)
+            node = node.parent
+        ends.reverse()
+        return ends
+
     def iter_segments(self) -> Iterator[array[int]]:
         """The visible segments in order, without copying (read-only by convention)."""
         return iter(_segments(self._node))

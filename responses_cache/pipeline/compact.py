@@ -1,0 +1,147 @@
+"""The engine's side of compaction: one ordinary generation that writes the summary.
+
+:func:`summarize` appends :data:`~responses_cache.compaction.SUMMARY_PROMPT` to the conversation
+(to its token log when it has one: the summary request costs one item's render and reuses the
+engine's prefix cache) and streams the route's backend like any response; the text it writes is
+the summary. It works on every backend: prompt-based engines get the token log, message-based
+ones the conversation. Its usage is its own (billed as a separate record by the caller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import (
+    EngineUsage,
+    Finish,
+    GenerationRequest,
+    Prompt,
+    ReasoningDelta,
+    TextDelta,
+)
+from ..compaction import SUMMARY_PROMPT, expand_conversation, expanded
+from ..conversation import Conversation
+from ..protocol.errors import invalid_request
+from ..protocol.items import Message
+from ..protocol.response import Usage
+from ..protocol.tools import ToolSet
+from ..routing import Route
+from ..tokens.log import TokenLog
+
+#: The most tokens a summary may take (``ServerConfig.compaction_max_output_tokens``).
+DEFAULT_SUMMARY_TOKENS = 4096
+
+PROMPT_ITEM = Message(role="user", content=SUMMARY_PROMPT)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    text: str
+    usage: Usage
+
+
+def compact_threshold(context_management: list[dict[str, Any]] | None) -> int | None:
+    """The ``compact_threshold`` of a request's ``context_management`` (``None``: no compaction).
+
+    Only the ``compaction`` entry type exists; a threshold must be a positive integer. Errors
+    are 400s naming the entry (``context_management[i].…``)."""
+    if not context_management:
+        return None
+    threshold: int | None = None
+    for index, entry in enumerate(context_management):
+        kind = entry.get("type")
+        if kind != "compaction":
+            raise invalid_request(
+                f"Invalid value: {kind!r}. Supported values are: 'compaction'.",
+                f"context_management[{index}].type",
+                "invalid_value",
+            )
+        value = entry.get("compact_threshold")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid_request(
+                f"Invalid 'context_management[{index}].compact_threshold': expected a positive integer.",
+                f"context_management[{index}].compact_threshold",
+                "invalid_value",
+            )
+        threshold = value
+    return threshold
+
+
+async def summarize(
+    route: Route,
+    *,
+    response_id: str,
+    model: str,
+    instructions: str | None,
+    tools: ToolSet,
+    context: Conversation,
+    log: TokenLog | None,
+    affinity_key: str,
+    tenant: str,
+    cache_salt: str | None,
+    headers: Mapping[str, str],
+    max_output_tokens: int,
+    on_sample: Callable[[], Awaitable[None]] | None = None,
+) -> Summary:
+    """The engine's summary of ``context`` (rendered as ``log`` when the route has a renderer).
+
+    ``on_sample`` is awaited after each piece of summary text (the caller streams progress).
+    A backend failure raises :class:`~responses_cache.backends.base.BackendError`; an engine
+    that stops the summary at ``max_output_tokens`` leaves it cut there; one that writes no
+    text gives an empty summary (the caller bills it, then refuses it)."""
+    renderer = route.renderer
+    prompt = None
+    cached = 0
+    if renderer is not None:
+        if log is None:
+            log = renderer.render_full(instructions, tools, expand_conversation(context).items())
+        prompt_log = renderer.extend(log, [expanded(PROMPT_ITEM)])
+        prompt, cached = Prompt(prompt_log, renderer), log.num_tokens
+    conversation = context.extend([PROMPT_ITEM])
+    request = GenerationRequest(
+        response_id=response_id,
+        model=model,
+        instructions=instructions,
+        tools=tools,
+        conversation=conversation if renderer is not None else expand_conversation(conversation),
+        prompt=prompt,
+        affinity_key=affinity_key,
+        max_output_tokens=max_output_tokens,
+        tool_choice="none",
+        headers=headers,
+        tenant=tenant,
+        cache_salt=cache_salt,
+    )
+    pieces: list[str] = []
+    sampled = reasoning = 0
+    engine: EngineUsage | None = None
+    stream = route.backend.generate(request)
+    try:
+        async for event in stream:
+            if isinstance(event, Finish):
+                engine = event.usage
+                break
+            sampled += len(getattr(event, "token_ids", ())) or 1
+            if isinstance(event, ReasoningDelta):
+                reasoning += len(event.token_ids) or 1
+            elif isinstance(event, TextDelta):
+                pieces.append(event.text)
+                if on_sample is not None:
+                    await on_sample()
+            # A tool call is not a summary: its tokens are counted, its text is not kept.
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+    text = "".join(pieces).strip()
+    if prompt is not None and renderer is not None:
+        input_tokens = prompt.num_tokens + len(renderer.generation_prompt)
+    else:
+        input_tokens = (engine.prompt_tokens or 0) if engine else 0
+        cached = min((engine.cached_tokens or 0) if engine else 0, input_tokens)
+    output = engine.output_tokens if engine is not None and engine.output_tokens is not None else sampled
+    return Summary(text, Usage.of(input_tokens, cached, output, min(reasoning, output)))
