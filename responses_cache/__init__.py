@@ -38,7 +38,7 @@ from .billing import (
     UsageRecord,
     WebhookSink,
 )
-from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
+from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
 from .routing import Route, Router, StaticRouter
@@ -46,6 +46,7 @@ from .runtime import Service
 from .session import SessionConfig
 from .store import MemoryResponseStore, ResponseStore, StoredResponse
 from .tokens import Renderer, get_renderer
+from .tracing import Tracer
 from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
@@ -70,6 +71,7 @@ __all__ = [
     "Limits",
     "MemoryResponseStore",
     "Metrics",
+    "MetricsTee",
     "PrometheusMetrics",
     "Prompt",
     "ReasoningDelta",
@@ -90,6 +92,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolCallStart",
+    "Tracer",
     "UsageRecord",
     "Verdict",
     "WebSocketMode",

@@ -36,6 +36,7 @@ from .runtime import (
 from .service import ResponsesService
 from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
+from .tracing import Tracer
 from .websocket import WebSocketMode
 
 
@@ -55,6 +56,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
+    #: Spans per turn and pipeline stage (``responses_cache.otel.OpenTelemetryTracer``, or any
+    #: :class:`~responses_cache.tracing.Tracer`); ``None`` traces nothing.
+    tracer: Tracer | None = None
     max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: The process's cache memory budget: the hot cache and all WebSocket connections' caches
     #: together (least recently used give way). ``None``: per-connection caps only.
@@ -139,7 +143,7 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
-        partition_prefix_cache=cfg.partition_prefix_cache,
+        partition_prefix_cache=cfg.partition_prefix_cache, tracer=cfg.tracer,
     )
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)

@@ -8,6 +8,7 @@ from typing import Literal
 from ..protocol.items import Item
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
+from ..tracing import NO_TURN, TurnSpan
 from .append import AppendChannel
 from .interrupt import Interrupt
 
@@ -39,6 +40,15 @@ class Turn:
     interrupt: Interrupt | None = None
     #: Set by the WebSocket session for a response that opted in to ``response.append``.
     append: AppendChannel | None = None
+    #: The client's W3C trace-context headers (``traceparent``, ``tracestate``), set by the edge.
+    trace: dict[str, str] = field(default_factory=dict)
+    #: The turn's span (started when its parent is looked up; ended by the pipeline).
+    span: TurnSpan = NO_TURN
+    #: Where the parent came from: ``none`` (a first turn), ``connection``, ``full_input``,
+    #: ``hot``, ``snapshot``, ``store`` or ``delegated`` (set when the parent is looked up).
+    tier: str = "none"
+    #: ``time.perf_counter()`` when the turn was prepared: the start of its timings.
+    started: float = 0.0
 
     @property
     def model(self) -> str:
