@@ -59,7 +59,7 @@ def test_traceparent_reaches_the_engine_under_the_engine_stage(responses_cache_s
     received = [r.headers for r in engine.generation_requests()]
     assert len(received) == len(engine_spans) == 2
     for headers, span in zip(received, engine_spans, strict=True):
-        version, trace_id, parent, flags = headers["traceparent"].split("-")
+        _, trace_id, parent, _ = headers["traceparent"].split("-")
         assert trace_id == TRACE_ID and int(parent, 16) == span.context.span_id  # type: ignore[union-attr]
     turn = max((s for s in spans if s.name == "responses.turn"), key=lambda s: s.start_time or 0)
     cached = second["response"]["usage"]["input_tokens_details"]["cached_tokens"]
