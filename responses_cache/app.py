@@ -16,10 +16,11 @@ from starlette.routing import Route as HTTPRoute
 from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
+from .billing import Biller
 from .hot import HotCache
 from .http_api import HTTPApi
 from .lifecycle import Resources
-from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
+from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
@@ -140,6 +141,8 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     hot_bytes, connection_bytes = split_budget(cfg.process_cache_bytes, cfg.hot_cache_bytes)
     hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
     metrics = cfg.metrics or InMemoryMetrics()
+    if isinstance(cfg.billing, Biller) and cfg.billing.metrics is None:
+        cfg.billing.metrics = metrics  # the billing lag, with the service's other metrics
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
@@ -186,6 +189,18 @@ def _lifespan(service: Service) -> Callable[[Starlette], AbstractAsyncContextMan
     return lifespan
 
 
+def prometheus_of(metrics: Metrics) -> PrometheusMetrics | None:
+    """The Prometheus exporter among ``metrics`` (itself, or one a :class:`MetricsTee` feeds)."""
+    if isinstance(metrics, PrometheusMetrics):
+        return metrics
+    if isinstance(metrics, MetricsTee):
+        for target in metrics.targets:
+            found = prometheus_of(target)
+            if found is not None:
+                return found
+    return None
+
+
 def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
@@ -194,8 +209,8 @@ def app_for(service: Service) -> Starlette:
     )
     routes = api.routes()
     metrics = service.metrics
-    if isinstance(metrics, PrometheusMetrics):
-        exposition = metrics
+    exposition = prometheus_of(metrics)
+    if exposition is not None:
 
         async def prometheus(request: Request) -> HTTPResponse:
             return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)

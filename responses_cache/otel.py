@@ -30,7 +30,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("responses_cache.otel needs `pip install 'responses-cache[otel]'`") from exc
 
-__all__ = ["OpenTelemetryMetrics", "OpenTelemetryTracer"]
+__all__ = ["OpenTelemetryMetrics", "OpenTelemetryTracer", "configure_from_environment"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 #: Stages whose span is a call out of the process (the engine request).
@@ -161,3 +161,35 @@ class OpenTelemetryMetrics:
                 f"{self.namespace}_{name}", description=name.replace("_", " ")
             )
         histogram.record(value, labels)
+
+
+def configure_from_environment() -> bool:
+    """For ``serve --otel``: when no tracer provider is configured yet (no
+    ``opentelemetry-instrument``, no code of the user's), install SDK providers that export over
+    OTLP/HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` and ``OTEL_SERVICE_NAME``
+    variables. Returns whether it installed them (``False``: providers were already there)."""
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise ImportError(
+            "serve --otel exports over OTLP: pip install opentelemetry-exporter-otlp-proto-http "
+            "(or configure providers yourself, e.g. with opentelemetry-instrument)"
+        ) from exc
+    import os
+
+    named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    resource = Resource.create({} if named else {"service.name": "responses-cache"})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(tracer_provider)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+    otel_metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    return True

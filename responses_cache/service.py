@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
+from .logs import current_turn
 from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
@@ -36,6 +37,7 @@ from .state import ResponseState, open_calls_after
 from .store import ResponseStore
 from .tokens.base import Renderer
 from .tokens.snapshot import restore
+from .tracing import trace_id_of
 
 Tier = Literal["hot", "snapshot", "store"]
 
@@ -163,6 +165,7 @@ class ResponsesService:
                 "gen_ai.response.id": turn.response_id,
             },
         )
+        current_turn.set((turn.response_id, span.trace_id or trace_id_of(turn.trace)))
         try:
             with span.stage("resolve") as stage:
                 parent = await self._parent_of(turn, route, cache)
