@@ -2,7 +2,7 @@
 side in one run.
 
 Servers run the same WebSocket agent loop (every turn continues the previous one with a
-tool output of ``--tokens-per-turn`` tokens), each in its own process, the client interleaving
+tool output of ``--tokens-per-turn`` tokens; a new conversation every ``--conversation-turns``), each in its own process, the client interleaving
 them turn by turn (rotating which goes first) so machine noise hits them alike:
 
 * ``off``: no tracer (the default: the seam's do-nothing span);
@@ -10,7 +10,8 @@ them turn by turn (rotating which goes first) so machine noise hits them alike:
   SDK configured (what ``--otel`` costs where nothing collects);
 * ``sdk``: the SDK with a batch span processor whose exporter encodes every span as OTLP protobuf
   and drops the bytes (the work of exporting, without a collector on the network);
-* ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``).
+* ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
+* ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``).
 
 Two engines: ``zero`` (zero latency: the turn time is all API overhead, the worst case for a
 ratio) and ``real`` (``--tokens-per-s`` output tokens per second, as a fast engine streams).
@@ -41,7 +42,7 @@ import websockets
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.workload import code_text
 
-MODES = ("off", "api", "sdk", "sdk+metrics")
+MODES = ("off", "api", "sdk", "sdk+metrics", "sdk-sampled")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -71,7 +72,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
 
         provider = meter_provider = None
         if mode.startswith("sdk"):
-            provider, meter_provider = _sdk()
+            provider, meter_provider = _sdk(sampled=mode == "sdk-sampled")
         tracer = OpenTelemetryTracer(provider)
         if mode == "sdk+metrics":
             metrics = MetricsTee(prometheus, OpenTelemetryMetrics(meter_provider))
@@ -93,7 +94,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
     asyncio.run(run())
 
 
-def _sdk() -> tuple[Any, Any]:
+def _sdk(sampled: bool = False) -> tuple[Any, Any]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -110,7 +111,9 @@ def _sdk() -> tuple[Any, Any]:
             self.bytes += len(encode_spans(spans).SerializeToString())
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1))) if sampled else TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Encoding()))
     return provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
 
@@ -152,7 +155,9 @@ async def _turn(ws: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             return time.perf_counter() - start, event["response"]
 
 
-async def _loop(servers: list[Server], turns: int, tokens_per_turn: int, tick: float, scrape: Path | None) -> dict[str, list[float]]:
+async def _loop(
+    servers: list[Server], turns: int, tokens_per_turn: int, per_conversation: int, tick: float, scrape: Path | None
+) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {s.mode: [] for s in servers}
     tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
     conns = [await websockets.connect(f"ws://127.0.0.1:{s.port}/v1/responses", max_size=None, compression=None) for s in servers]
@@ -165,7 +170,7 @@ async def _loop(servers: list[Server], turns: int, tokens_per_turn: int, tick: f
             order = order[k % len(order):] + order[: k % len(order)]
             for i in order:
                 body: dict[str, Any] = {"model": "sim-1", "tools": tools, "store": False}
-                before = previous[i]
+                before = previous[i] if k % per_conversation else None  # a new conversation now and then
                 if before is None:
                     body["input"] = "The test suite fails in src/parser: find the cause and fix it."
                 else:
@@ -173,7 +178,7 @@ async def _loop(servers: list[Server], turns: int, tokens_per_turn: int, tick: f
                     body["previous_response_id"] = before["id"]
                     body["input"] = [{"type": "function_call_output", "call_id": call["call_id"], "output": code_text(tokens_per_turn, k)}]
                 seconds, previous[i] = await _turn(conns[i], body)
-                if k >= 3:  # warm-up turns aside
+                if k >= 3 and k % per_conversation:  # warm-up turns and first turns aside
                     times[servers[i].mode].append(seconds)
             await asyncio.sleep(0.002)
             if scrape is not None and traced is not None and time.monotonic() - last_scrape >= tick:
@@ -183,6 +188,29 @@ async def _loop(servers: list[Server], turns: int, tokens_per_turn: int, tick: f
         for ws in conns:
             await ws.close()
     return times
+
+
+def seam_cost_ns(turns: int = 200_000) -> float:
+    """Nanoseconds per turn of the tracing seam's calls when nothing traces (the default): one
+    turn span, the stages a traced turn with a hook and a journal opens, the engine's trace
+    context, and the end — what the pipeline calls whether or not a tracer is configured."""
+    from responses_cache.tracing import NO_TRACER
+
+    stages = ("resolve", "validate", "hook patterns", "render", "engine", "engine.first_token", "journal.open", "journal.close")
+    carrier: dict[str, str] = {}
+    attributes = {"responses_cache.tenant": "t"}
+    start = time.perf_counter_ns()
+    for _ in range(turns):
+        span = NO_TRACER.start_turn(carrier, attributes)
+        for name in stages:
+            with span.stage(name) as stage:
+                pass
+        span.inject(stage)
+        span.set("responses_cache.parent_tier", "connection")
+        if span.recording:
+            pass
+        span.end("completed")
+    return (time.perf_counter_ns() - start) / turns
 
 
 def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
@@ -204,11 +232,12 @@ def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--modes", default=",".join(MODES), help="which of off,api,sdk,sdk+metrics to run (off always)")
+    parser.add_argument("--modes", default=",".join(MODES), help="which of off,api,sdk,sdk+metrics,sdk-sampled to run (off always)")
     parser.add_argument("--engine", choices=("zero", "real", "both"), default="both")
     parser.add_argument("--tokens-per-s", type=float, default=1000.0, help="the real engine's output rate")
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--tokens-per-turn", type=int, default=500, help="tokens of tool output per turn")
+    parser.add_argument("--conversation-turns", type=int, default=50, help="turns per conversation (then a new one)")
     parser.add_argument("--scrape", type=Path, help="save the sdk server's /metrics here during the run")
     parser.add_argument("--scrape-every", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -217,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         _serve(args.serve, args.engine, args.tokens_per_s)
         return 0
     results: dict[str, Any] = {"options": {k: str(v) for k, v in vars(args).items()}}
+    results["seam_ns_per_turn"] = round(seam_cost_ns(), 1)
+    print(f"the tracing seam, nothing configured: {results['seam_ns_per_turn']:.0f} ns per turn", file=sys.stderr)
     for engine in ("zero", "real") if args.engine == "both" else (args.engine,):
         modes = ["off", *(m for m in args.modes.split(",") if m in MODES and m != "off")]
         servers = [Server(mode, engine, args.tokens_per_s) for mode in modes]
@@ -224,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             scrape = args.scrape if engine == "zero" else None
             if scrape is not None:
                 scrape.mkdir(parents=True, exist_ok=True)
-            times = asyncio.run(_loop(servers, args.turns, args.tokens_per_turn, args.scrape_every, scrape))
+            times = asyncio.run(_loop(servers, args.turns, args.tokens_per_turn, args.conversation_turns, args.scrape_every, scrape))
         finally:
             for server in servers:
                 server.stop()
