@@ -225,6 +225,9 @@ def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
             "mean_ms": round(statistics.fmean(values) * 1000, 3),
             "ratio_median": round(median / base, 4),
             "ratio_mean": round(statistics.fmean(values) / base_mean, 4),
+            # Each turn against the untraced turn of the same round (run back to back): the
+            # median of those ratios, the least sensitive to load that comes and goes.
+            "ratio_paired": round(statistics.median(v / o for v, o in zip(values, times["off"], strict=True)), 4),
         }
     return out
 
@@ -263,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine={engine}:", file=sys.stderr)
         for mode, row in results[engine].items():
             print(f"  {mode:>11}: median {row['median_ms']:.3f} ms  mean {row['mean_ms']:.3f} ms  "
-                  f"x{row['ratio_median']:.3f} (median)  x{row['ratio_mean']:.3f} (mean)", file=sys.stderr)
+                  f"x{row['ratio_median']:.3f} (median)  x{row['ratio_mean']:.3f} (mean)  "
+                  f"x{row['ratio_paired']:.3f} (paired)", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
