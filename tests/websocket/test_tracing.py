@@ -191,6 +191,7 @@ async def test_a_cancelled_turn_ends_its_spans(
     by_name = stages(exporter, span)
     assert set(by_name) == ENGINE_STAGES
     assert by_name["engine"].end_time is not None and by_name["engine"].end_time <= span.end_time  # type: ignore[operator]
+    assert [e.name for e in by_name["engine"].events] == ["exception"]  # the cancellation, on the engine
     assert backend.calls[0].outcome in ("cancelled", "closed")
 
 
