@@ -11,7 +11,9 @@ them turn by turn (rotating which goes first) so machine noise hits them alike:
 * ``sdk``: the SDK with a batch span processor whose exporter encodes every span as OTLP protobuf
   and drops the bytes (the work of exporting, without a collector on the network);
 * ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
-* ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``).
+* ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``);
+* ``sdk-lean``: ``sdk`` with a span for the engine call only (``stages={"engine"}``), the other
+  stages timed as attributes of the turn span.
 
 Two engines: ``zero`` (zero latency: the turn time is all API overhead, the worst case for a
 ratio) and ``real`` (``--tokens-per-s`` output tokens per second, as a fast engine streams).
@@ -42,7 +44,7 @@ import websockets
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.workload import code_text
 
-MODES = ("off", "api", "sdk", "sdk+metrics", "sdk-sampled")
+MODES = ("off", "api", "sdk", "sdk+metrics", "sdk-sampled", "sdk-lean")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,7 +75,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
         provider = meter_provider = None
         if mode.startswith("sdk"):
             provider, meter_provider = _sdk(sampled=mode == "sdk-sampled")
-        tracer = OpenTelemetryTracer(provider)
+        tracer = OpenTelemetryTracer(provider, stages={"engine"} if mode == "sdk-lean" else None)
         if mode == "sdk+metrics":
             metrics = MetricsTee(prometheus, OpenTelemetryMetrics(meter_provider))
     # Billing with a journal, as a production server has it (a span per journal write when traced).
@@ -235,7 +237,7 @@ def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--modes", default=",".join(MODES), help="which of off,api,sdk,sdk+metrics,sdk-sampled to run (off always)")
+    parser.add_argument("--modes", default=",".join(MODES), help="which of " + ",".join(MODES) + " to run (off always)")
     parser.add_argument("--engine", choices=("zero", "real", "both"), default="both")
     parser.add_argument("--tokens-per-s", type=float, default=1000.0, help="the real engine's output rate")
     parser.add_argument("--turns", type=int, default=200)

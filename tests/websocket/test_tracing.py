@@ -233,3 +233,25 @@ async def test_concurrent_turns_on_lanes_keep_their_own_spans(
         await finished_turns(exporter, 2)
     for span in turns(exporter):
         assert _names(list(stages(exporter, span).values())) == sorted(ENGINE_STAGES | {"store"})
+
+
+async def test_stages_without_their_own_span_are_timed_on_the_turn(
+    serve: Callable[..., Any], backend: RecordingBackend, exporter: InMemorySpanExporter
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    server = serve(tracer=OpenTelemetryTracer(provider, stages={"engine"}))
+    async with ws_connect(server.ws_url, additional_headers={"traceparent": TRACEPARENT}) as ws:
+        await ws.ok(input="hi", store=False)
+        refused = await ws.error(input=[{"type": "function_call_output", "call_id": "nope", "output": "x"}])
+    assert refused["error"]["param"] is not None
+    ok, failed = await finished_turns(exporter, 2)
+    # Only the engine call has a span (the engine's trace context names it); the rest are timed.
+    assert set(stages(exporter, ok)) == {"engine"}
+    assert parent_id(dict(backend.calls[0].request.trace_context)) == stages(exporter, ok)["engine"].context.span_id  # type: ignore[union-attr]
+    timed = {k.removeprefix("responses_cache.stage_ms.") for k in attrs(ok) if k.startswith("responses_cache.stage_ms.")}
+    assert timed == {"resolve", "validate", "render", "engine.first_token"}
+    # A timed stage that fails leaves its exception on the turn, naming the stage.
+    assert set(stages(exporter, failed)) == set()
+    by_stage = [(e.attributes or {}).get("responses_cache.stage") for e in failed.events if e.name == "exception"]
+    assert by_stage == ["validate", None]  # then the turn's own
