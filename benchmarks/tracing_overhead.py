@@ -138,6 +138,11 @@ class Server:
             raise RuntimeError(f"the {mode} server did not start: {line!r}")
         self.port = int(line.split()[1])
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used (user + system, all its threads; Linux)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def scrape(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as reply:
             return str(reply.read().decode())
@@ -260,16 +265,24 @@ def main(argv: list[str] | None = None) -> int:
             scrape = args.scrape if engine == "zero" else None
             if scrape is not None:
                 scrape.mkdir(parents=True, exist_ok=True)
+            cpu = [s.cpu_seconds() for s in servers]
             times = asyncio.run(_loop(servers, args.turns, args.tokens_per_turn, args.conversation_turns, args.scrape_every, scrape))
+            cpu = [s.cpu_seconds() - before for s, before in zip(servers, cpu, strict=True)]
         finally:
             for server in servers:
                 server.stop()
         results[engine] = _summary(times)
+        # Server CPU per turn: what tracing costs the server, however busy the machine is.
+        for server, used in zip(servers, cpu, strict=True):
+            row = results[engine][server.mode]
+            row["server_cpu_ms_per_turn"] = round(used * 1000 / args.turns, 3)
+            row["cpu_ratio"] = round(used / cpu[0], 4)
         print(f"engine={engine}:", file=sys.stderr)
         for mode, row in results[engine].items():
             print(f"  {mode:>11}: median {row['median_ms']:.3f} ms  mean {row['mean_ms']:.3f} ms  "
                   f"x{row['ratio_median']:.3f} (median)  x{row['ratio_mean']:.3f} (mean)  "
-                  f"x{row['ratio_paired']:.3f} (paired)", file=sys.stderr)
+                  f"x{row['ratio_paired']:.3f} (paired)  server CPU {row['server_cpu_ms_per_turn']:.3f} ms/turn "
+                  f"x{row['cpu_ratio']:.3f}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
