@@ -124,7 +124,6 @@ class ResponsesService:
             lane=lane,
             response_id=new_id("resp"),
             created_at=time.time(),
-            started=time.perf_counter(),
         )
 
     async def resolve_references(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -47,8 +48,8 @@ class Turn:
     #: Where the parent came from: ``none`` (a first turn), ``connection``, ``full_input``,
     #: ``hot``, ``snapshot``, ``store`` or ``delegated`` (set when the parent is looked up).
     tier: str = "none"
-    #: ``time.perf_counter()`` when the turn was prepared: the start of its timings.
-    started: float = 0.0
+    #: ``time.perf_counter()`` when the turn was made: the start of its timings.
+    started: float = field(default_factory=time.perf_counter)
 
     @property
     def model(self) -> str:
