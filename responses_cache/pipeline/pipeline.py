@@ -461,13 +461,15 @@ class Pipeline:
         if durable is not None:  # machine durability: the close entry is on disk first
             await durable
             closing.end()
-        await out.send(terminal)
+        # Counted, traced and logged before the client hears the end: nothing of the turn is
+        # left to do once it has (a client that closes at once cancels nothing).
         self._observe(turn, rendered, status, clock)
         engine_cached = engine_usage.cached_tokens if engine_usage is not None else None
         if span.recording:
             self._describe(span, turn, rendered, usage, engine_cached)
         span.end(status, failure)
         self._log_turn(turn, status, rendered, usage, clock=clock, engine_cached=engine_cached, error=failure)
+        await out.send(terminal)
         return state
 
     def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:

@@ -57,7 +57,7 @@ def stages(exporter: InMemorySpanExporter, turn: ReadableSpan) -> dict[str, Read
 
 
 async def finished_turns(exporter: InMemorySpanExporter, count: int) -> list[ReadableSpan]:
-    """The turn spans once ``count`` have ended (a turn span ends just after its terminal event)."""
+    """The turn spans once ``count`` have ended (their spans end on the server side, independently of what the client reads)."""
     await until(lambda: len(turns(exporter)) >= count, f"{count} turn spans")
     return sorted(turns(exporter), key=lambda s: s.start_time or 0)
 
