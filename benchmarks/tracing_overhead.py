@@ -22,7 +22,7 @@ every ``--scrape-every`` seconds (zero-latency engine only) for :mod:`benchmarks
 
     python -m benchmarks.tracing_overhead --turns 200 --scrape docs/dashboard-run --json out.json
 
-Needs the ``otel`` and ``bench`` extras and ``opentelemetry-exporter-otlp-proto-common``.
+Needs the ``bench`` extra (the OpenTelemetry SDK and OTLP encoding).
 """
 
 from __future__ import annotations
