@@ -39,7 +39,7 @@ from .billing import (
     WebhookSink,
 )
 from .host import HostScope
-from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
+from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
 from .routing import Route, Router, StaticRouter
@@ -47,6 +47,7 @@ from .runtime import Service
 from .session import SessionConfig
 from .store import MemoryResponseStore, ResponseStore, StoredResponse
 from .tokens import Renderer, get_renderer
+from .tracing import Tracer
 from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
@@ -72,6 +73,7 @@ __all__ = [
     "Limits",
     "MemoryResponseStore",
     "Metrics",
+    "MetricsTee",
     "PrometheusMetrics",
     "Prompt",
     "ReasoningDelta",
@@ -92,6 +94,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolCallStart",
+    "Tracer",
     "UsageRecord",
     "Verdict",
     "WebSocketMode",

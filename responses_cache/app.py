@@ -17,11 +17,12 @@ from .auth import AllowAll, Authenticator, BearerKeys
 from .backends.base import Backend
 from .backends.simulated import SimulatedEngine
 from .background import BackgroundRunner
+from .billing import Biller
 from .compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
 from .hot import HotCache
 from .http_api import HTTPApi
 from .lifecycle import Resources
-from .metrics import InMemoryMetrics, Metrics, PrometheusMetrics
+from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline.compact import DEFAULT_SUMMARY_TOKENS
 from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
@@ -40,6 +41,7 @@ from .sealing import Sealer
 from .service import ResponsesService
 from .session import InputBudget, SessionConfig
 from .store import MemoryResponseStore, ResponseStore
+from .tracing import Tracer
 from .websocket import WebSocketMode
 
 
@@ -59,6 +61,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     session: SessionConfig = field(default_factory=SessionConfig)
     metrics: Metrics | None = None
+    #: Spans per turn and pipeline stage (``responses_cache.otel.OpenTelemetryTracer``, or any
+    #: :class:`~responses_cache.tracing.Tracer`); ``None`` traces nothing.
+    tracer: Tracer | None = None
     max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: The process's cache memory budget: the hot cache and all WebSocket connections' caches
     #: together (least recently used give way). ``None``: per-connection caps only.
@@ -152,11 +157,13 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     hot_bytes, connection_bytes = split_budget(cfg.process_cache_bytes, cfg.hot_cache_bytes)
     hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
     metrics = cfg.metrics or InMemoryMetrics()
+    if isinstance(cfg.billing, Biller) and cfg.billing.metrics is None:
+        cfg.billing.metrics = metrics  # the billing lag, with the service's other metrics
     pipeline = Pipeline(
         store=store, hooks=HookRunner(cfg.hooks), validator=Validator(cfg.limits), billing=cfg.billing, metrics=metrics,
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
         partition_prefix_cache=cfg.partition_prefix_cache, truncation_headroom=cfg.truncation_headroom,
-        summary_tokens=cfg.compaction_max_output_tokens,
+        summary_tokens=cfg.compaction_max_output_tokens, tracer=cfg.tracer,
     )
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)
@@ -204,6 +211,18 @@ def _lifespan(service: Service) -> Callable[[Starlette], AbstractAsyncContextMan
     return lifespan
 
 
+def prometheus_of(metrics: Metrics) -> PrometheusMetrics | None:
+    """The Prometheus exporter among ``metrics`` (itself, or one a :class:`MetricsTee` feeds)."""
+    if isinstance(metrics, PrometheusMetrics):
+        return metrics
+    if isinstance(metrics, MetricsTee):
+        for target in metrics.targets:
+            found = prometheus_of(target)
+            if found is not None:
+                return found
+    return None
+
+
 def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
@@ -213,8 +232,8 @@ def app_for(service: Service) -> Starlette:
     )
     routes = api.routes()
     metrics = service.metrics
-    if isinstance(metrics, PrometheusMetrics):
-        exposition = metrics
+    exposition = prometheus_of(metrics)
+    if exposition is not None:
 
         async def prometheus(request: Request) -> HTTPResponse:
             return HTTPResponse(exposition.exposition(), media_type=exposition.content_type)

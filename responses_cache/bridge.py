@@ -190,7 +190,8 @@ class AppBackend:
     async def open_stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         """Send the request and wait for the app's answer to begin: a refusal (any status but
         200, or an exception) is raised here, before the response exists, as the app's error."""
-        exchange = _Exchange(self.app, "POST", self.path, self._headers(request.headers, stream=True), self._body(request), self.host)
+        headers = {**self._headers(request.headers, stream=True), **request.trace_context}
+        exchange = _Exchange(self.app, "POST", self.path, headers, self._body(request), self.host)
         try:
             await exchange.start()
             if exchange.status != 200:

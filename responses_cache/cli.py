@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing import Biller
+    from .metrics import Metrics
     from .settings import ServeSettings
     from .store import ResponseStore
+    from .tracing import Tracer
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -49,17 +51,35 @@ def _serve(args: argparse.Namespace) -> int:
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
-    metrics = None
+    if settings.log_json:
+        from .logs import use_json_logs
+
+        use_json_logs()  # INFO: the line per turn
+    metrics: Metrics | None = None
+    tracer: Tracer | None = None
     if settings.prometheus:
         from .metrics import PrometheusMetrics
 
         metrics = PrometheusMetrics()
+    if settings.otel:
+        try:
+            from .otel import OpenTelemetryMetrics, OpenTelemetryTracer, configure_from_environment
+
+            configure_from_environment()
+        except ImportError as exc:
+            print(f"responses-cache: {exc}", file=sys.stderr)
+            return 2
+        from .metrics import MetricsTee
+
+        tracer = OpenTelemetryTracer()
+        metrics = MetricsTee(metrics, OpenTelemetryMetrics()) if metrics is not None else OpenTelemetryMetrics()
     config = ServerConfig(
         backend=backend,
         api_keys=settings.api_keys or None,
         renderer=settings.renderer or None,
         billing=billing,
         metrics=metrics,
+        tracer=tracer,
         session=SessionConfig(**{name: getattr(settings, name) for name in SESSION_SETTINGS}),
         max_body_bytes=settings.max_body_bytes,
         process_cache_bytes=settings.process_cache_bytes,
@@ -152,7 +172,7 @@ def _biller(settings: ServeSettings) -> Biller | None:
 
 #: Settings that have a command-line option of the same name.
 _OPTIONS = (
-    "backend", "host", "port", "instant", "renderer", "log_level", "prometheus",
+    "backend", "host", "port", "instant", "renderer", "log_level", "prometheus", "otel", "log_json",
     "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_journal", "billing_durability",
     "billing_stop_timeout", "billing_flush_interval", "billing_queue_size", "lifetime_s", "store",
     "hot_cache_bytes",
@@ -172,6 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--renderer", help="prompt renderer: harmony (default), chatml, hf:<model dir> (the model's own tokenizer and chat template), or '' for none")
     serve.add_argument("--log-level", help="default warning")
     serve.add_argument("--prometheus", action="store_true", default=None, help="export metrics at GET /metrics (prometheus extra)")
+    serve.add_argument(
+        "--otel", action="store_true", default=None,
+        help="OpenTelemetry traces and metrics (otel extra; OTLP from OTEL_* variables when nothing else configures it)",
+    )
+    serve.add_argument(
+        "--log-json", action="store_true", default=None,
+        help="JSON log lines on stderr: one per turn and per error, with trace and response ids",
+    )
     serve.add_argument("--lifetime-s", type=float, help="WebSocket connection lifetime, seconds (default 3600)")
     serve.add_argument("--billing-jsonl", metavar="PATH", help="write usage records to a JSONL file")
     serve.add_argument("--billing-sqlite", metavar="PATH", help="write usage records to a SQLite database")

@@ -31,6 +31,7 @@ from .service import ResponsesService
 from .session import InputBudget
 from .state import ResponseState
 from .store import StoredResponse
+from .tracing import trace_headers
 
 _DONE = object()
 #: Bodies from this size on yield to other requests between decoding stages.
@@ -134,6 +135,7 @@ class HTTPApi:
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
+            turn.trace = trace_headers(request.headers)
             route = self.service.router.resolve(turn.model, tenant)
             del raw
             parent = await self.service.parent_of(turn, route)

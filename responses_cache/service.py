@@ -22,6 +22,7 @@ from . import compaction, encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
 from .ids import new_id
+from .logs import current_turn
 from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
@@ -39,6 +40,7 @@ from .state import ResponseState, open_calls_after
 from .store import ResponseStore
 from .tokens.base import Renderer
 from .tokens.snapshot import restore
+from .tracing import trace_id_of
 
 Tier = Literal["hot", "snapshot", "store"]
 
@@ -184,7 +186,34 @@ class ResponsesService:
 
         Without a connection cache (HTTP), the process's hot cache and the store are where a
         ``previous_response_id`` is looked up whatever the request's ``store``; over WebSocket a
-        ``store: false`` request has only its connection cache, as the protocol says."""
+        ``store: false`` request has only its connection cache, as the protocol says.
+
+        The turn's span starts here (continuing the client's trace, ``turn.trace``) and its
+        ``resolve`` stage covers the lookup; a refused turn ends its span here, a resolved one
+        when :meth:`run` ends."""
+        turn.span = span = self.pipeline.tracer.start_turn(
+            turn.trace,
+            {
+                "responses_cache.tenant": turn.tenant,
+                "gen_ai.request.model": turn.model,
+                "responses_cache.transport": turn.transport,
+                "gen_ai.response.id": turn.response_id,
+            },
+        )
+        current_turn.set((turn.response_id, span.trace_id or trace_id_of(turn.trace)))
+        try:
+            with span.stage("resolve") as stage:
+                parent = await self._parent_of(turn, route, cache)
+                stage.set("responses_cache.parent_tier", turn.tier)
+        except BaseException as exc:
+            span.set("responses_cache.parent_tier", turn.tier)
+            span.end("rejected", exc)
+            raise
+        span.set("responses_cache.parent_tier", turn.tier)
+        self.pipeline.metrics.inc("parent_tier_total", {"transport": turn.transport, "tier": turn.tier})
+        return parent
+
+    async def _parent_of(self, turn: Turn, route: Route, cache: TurnCache | None) -> ResponseState | None:
         metrics, labels = self.pipeline.metrics, {"transport": turn.transport}
         wanted = turn.request.previous_response_id
         parent: ResponseState | None = None
@@ -193,6 +222,7 @@ class ResponsesService:
             found = cache.cached_parent() if cache is not None else None
             if found is not None:
                 parent, grace = found
+                turn.tier = "connection"
                 metrics.inc("cache_hits_total", labels)
                 if grace:
                     metrics.inc("cache_grace_hits_total", labels)
@@ -204,11 +234,12 @@ class ResponsesService:
                     turn.model, turn.headers
                 ):
                     turn.delegated_parent = wanted
+                    turn.tier = "delegated"
                 elif cache is None or turn.request.store:
                     # The process-wide hot cache, then the store (and its token-log snapshot).
                     stored = await self.resolve(turn.tenant, wanted, route)
                     if stored is not None:
-                        parent = stored[0]
+                        parent, turn.tier = stored
                         metrics.inc(f"resolved_{stored[1]}_total", labels)
                 if parent is None and turn.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
@@ -227,6 +258,7 @@ class ResponsesService:
                 parent, reused = match
                 turn.items = turn.items[reused:]
                 turn.reused_items = reused
+                turn.tier = "full_input"
                 metrics.inc("full_input_reuse_total", labels)
         return parent
 

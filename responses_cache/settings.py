@@ -78,6 +78,11 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     renderer: str = "harmony"
     log_level: str = "warning"
     prometheus: bool = False
+    #: OpenTelemetry traces and metrics (the otel extra): the global providers, or, when none is
+    #: configured, an OTLP exporter set up from the standard ``OTEL_*`` environment variables.
+    otel: bool = False
+    #: Logs as JSON lines on stderr, one per turn (INFO) and per error, with trace and response ids.
+    log_json: bool = False
     billing_jsonl: str | None = None
     billing_sqlite: str | None = None
     billing_webhook: str | None = None

@@ -42,6 +42,7 @@ from .routing import RouteCache
 from .runtime import Service
 from .session import InputBudget, PendingTurn, Session, SessionConfig
 from .state import ResponseState
+from .tracing import trace_headers
 
 logger = logging.getLogger("responses_cache.websocket")
 _LARGE_FRAME = 64 * 1024
@@ -188,6 +189,8 @@ class _Connection:
         self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
+        #: The upgrade's W3C trace context: every turn on the connection continues that trace.
+        self.trace = trace_headers(websocket.headers)
         self.routes = RouteCache(self.service.router, tenant)
         self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=mode.outbound_queue)
         #: Held while a frame is being written. With nothing queued, a turn writes its event
@@ -401,6 +404,7 @@ class _Connection:
         service, session = self.service, self.session
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
         turn.headers = self.credentials
+        turn.trace = self.trace
         turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
         turn.append = session.appendable(pending)
         if pending.size >= _LARGE_FRAME:

@@ -28,6 +28,7 @@ PUBLIC = {
     # billing, store, metrics
     "Biller", "BillingSink", "CallableSink", "JsonlSink", "SqliteSink", "WebhookSink", "UsageRecord",
     "ResponseStore", "MemoryResponseStore", "StoredResponse", "Metrics", "InMemoryMetrics", "PrometheusMetrics",
+    "MetricsTee", "Tracer",
     "__version__",
 }
 

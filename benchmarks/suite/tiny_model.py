@@ -51,7 +51,7 @@ def write_tokenizer(encoding: Any, out: pathlib.Path) -> None:
     ranks = out / "tiktoken" / f"{encoding.name}.tiktoken"
     ranks.parent.mkdir(parents=True, exist_ok=True)
     dump_tiktoken_bpe(encoding._mergeable_ranks, str(ranks))
-    converter = TikTokenConverter(
+    converter = TikTokenConverter(  # type: ignore[no-untyped-call]
         vocab_file=str(ranks), pattern=encoding._pat_str, extra_special_tokens=[by_id[i] for i in sorted(by_id)]
     )
     converter.converted().save(str(out / "tokenizer.json"))
@@ -88,7 +88,7 @@ def build(out: pathlib.Path, encoding_name: str, stops: list[int], p_stop: float
         bos_token_id=None,
         eos_token_id=stops,
         pad_token_id=None,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

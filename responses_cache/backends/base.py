@@ -76,6 +76,10 @@ class GenerationRequest:
     tenant: str = ""
     #: Partitions the engine's prefix cache (vLLM/SGLang ``cache_salt``); set per tenant by default.
     cache_salt: str | None = None
+    #: W3C trace-context headers (``traceparent``, ``tracestate``) for the engine request: an
+    #: adapter copies them onto its HTTP request, so the engine's own spans join the turn's trace
+    #: (under its ``engine`` stage; the client's own trace context when nothing traces here).
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..protocol.errors import ResponsesError
 from ..protocol.items import Item
+from ..tracing import NO_TURN, TurnSpan
 
 if TYPE_CHECKING:
     from ..conversation import Conversation
@@ -96,21 +97,23 @@ class HookRunner:
         states: Mapping[str, Any],
         *,
         history: Conversation | None = None,
+        span: TurnSpan = NO_TURN,
     ) -> tuple[list[Item], dict[str, Any]]:
         """Run the blocking hooks; raises :class:`ResponsesError` on a flag. ``history``: the
-        parent's conversation, used only for hooks with no carried state (hydration)."""
+        parent's conversation, used only for hooks with no carried state (hydration). Each hook
+        call is a ``hook <name>`` stage of the turn's ``span``."""
         new_states = dict(states)
         if not self.before:
             return items, new_states
         calls = self._inputs(self.before, items, states, history)
-        verdicts = await asyncio.gather(*(h(ctx, seen, state) for h, seen, state in calls))
+        verdicts = await asyncio.gather(*(_traced(span, h, ctx, seen, state) for h, seen, state in calls))
         rewrote = False
         for (hook, seen, state), verdict in zip(calls, verdicts, strict=True):
             if rewrote and verdict.items is not None:
                 # A second rewriting hook (two redactors, say) ran on the original items; run it
                 # again on what the earlier ones made of them, so the rewrites compose.
                 ((_, seen, state),) = self._inputs([hook], items, states, history)
-                verdict = await hook(ctx, seen, state)
+                verdict = await _traced(span, hook, ctx, seen, state)
             if verdict.flagged:
                 raise Flag(hook.name, verdict).error()
             new_states[hook.name] = verdict.state
@@ -140,3 +143,12 @@ class HookRunner:
             if verdict.flagged and flag is None:
                 flag = Flag(hook.name, verdict)
         return flag, new_states
+
+
+async def _traced(span: TurnSpan, hook: Hook, ctx: HookContext, items: Sequence[Item], state: Any) -> Verdict:
+    """A blocking hook's call as a stage of the turn (flagged or not)."""
+    with span.stage(f"hook {hook.name}") as stage:
+        verdict = await hook(ctx, items, state)
+        if verdict.flagged:
+            stage.set("responses_cache.hook.flagged", True)
+        return verdict

@@ -70,6 +70,7 @@ from ..state import ResponseState, open_calls_after
 from ..store import ResponseStore, StoredResponse
 from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
+from ..tracing import NO_STAGE, NO_TRACER, StageSpan, Tracer, TurnSpan, trace_id_of
 from .append import AwaitingInput
 from .compact import DEFAULT_SUMMARY_TOKENS, Summary, compact_threshold, summarize
 from .generate import Emit, OutputBuilder
@@ -80,6 +81,8 @@ from .turn import Turn
 from .validate import Validator
 
 logger = logging.getLogger("responses_cache.pipeline")
+#: One record per finished turn (INFO), for ``serve --log-json``'s one JSON line per turn.
+turn_logger = logging.getLogger("responses_cache.turns")
 
 
 _INPUT_INDEX = re.compile(r"input\[(\d+)\]")
@@ -213,6 +216,7 @@ class Pipeline:
         partition_prefix_cache: bool = True,
         truncation_headroom: float = 0.25,
         summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
+        tracer: Tracer | None = None,
     ) -> None:
         #: The most tokens the engine may write for a compaction's summary.
         self.summary_tokens = summary_tokens
@@ -238,9 +242,27 @@ class Pipeline:
         self.billing = billing
         self.journal = billing if isinstance(billing, UsageJournalWriter) else None
         self.metrics = metrics or NullMetrics()
+        #: Spans per turn and stage (:mod:`responses_cache.tracing`; nothing by default).
+        self.tracer = tracer or NO_TRACER
         self.clock = clock
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
+        """Run the turn; its span (``turn.span``) ends here, however the turn ends."""
+        span = turn.span
+        try:
+            return await self._run(turn, parent, route, emit, span)
+        except asyncio.CancelledError as exc:
+            span.end("cancelled", exc)
+            raise
+        except BaseException as exc:  # a ResponsesError: refused before response.created
+            status = "rejected" if isinstance(exc, ResponsesError) else "error"
+            span.end(status, exc)
+            self._log_turn(turn, status, None, None, error=exc)
+            raise
+
+    async def _run(
+        self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit, span: TurnSpan
+    ) -> ResponseState:
         request = turn.request
         timings = turn.timings
         t0 = time.perf_counter()
@@ -251,12 +273,13 @@ class Pipeline:
 
         # validate: only the new items, against the calls the parent left open.
         try:
-            open_calls = self.validator(
-                turn.items,
-                parent.open_calls if parent else {},
-                accepts_media=route.backend.accepts_media,
-                check_calls=turn.delegated_parent is None,
-            )
+            with span.stage("validate"):
+                open_calls = self.validator(
+                    turn.items,
+                    parent.open_calls if parent else {},
+                    accepts_media=route.backend.accepts_media,
+                    check_calls=turn.delegated_parent is None,
+                )
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
         threshold = compact_threshold(request.context_management)
@@ -276,7 +299,7 @@ class Pipeline:
             threshold = None
         # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
-            ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
+            ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None, span=span
         )
         t1 = time.perf_counter()
         timings["validate"] = t1 - t0
@@ -292,6 +315,7 @@ class Pipeline:
                 context_window=route.window, truncate_to=truncation_budget(request, route),
                 truncation_headroom=self.truncation_headroom,
             )
+            stage = span.stage("render")
             try:
                 if self._render_size(parent, items) >= self.offload_chars:
                     # A large tokenization runs on a worker thread (tiktoken releases the GIL), so one
@@ -300,8 +324,13 @@ class Pipeline:
                     rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
                 else:
                     rendered = call()
-            except ResponsesError as exc:
-                raise renumbered(exc, turn.reused_items) from None
+                stage.set("responses_cache.render.incremental", rendered.incremental)
+                stage.end()
+            except BaseException as exc:
+                stage.end(exc)
+                if isinstance(exc, ResponsesError):
+                    raise renumbered(exc, turn.reused_items) from None
+                raise
         t2 = time.perf_counter()
         timings["render"] = t2 - t1
 
@@ -315,6 +344,7 @@ class Pipeline:
             self.metrics.inc("truncated_items_total", {"transport": turn.transport}, rendered.dropped_items)
         out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
         status: Any = "completed"
+        failure: BaseException | None = None
         error: ResponseErrorInfo | None = None
         incomplete: IncompleteDetails | None = None
         late_flag: Flag | None = None
@@ -335,18 +365,34 @@ class Pipeline:
         compact_now = request.generate and (
             triggered or (threshold is not None and rendered is not None and rendered.log.num_tokens > threshold)
         )
+        #: The engine stage: from the engine request to its end (the first token is its own span).
+        engine: StageSpan = NO_STAGE
+        first_token: StageSpan = NO_STAGE
+        clock = _EngineClock()
         if request.generate:
-            generation = self._generation_request(turn, route, rendered, input_context)
+            engine = span.stage("engine")
+            first_token = span.stage("engine.first_token")
+            clock.start(turn, first_token, self.metrics)
+            # The engine request continues this trace under the engine stage (the client's own
+            # trace context when nothing traces here), so an engine's spans join it.
+            trace_context = span.inject(engine) or turn.trace
+            generation = self._generation_request(turn, route, rendered, input_context, trace_context)
             if isinstance(route.backend, PreflightBackend) and not compact_now:
                 # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
-                opened = await route.backend.open_stream(generation)
+                try:
+                    opened = await route.backend.open_stream(generation)
+                except BaseException as exc:
+                    first_token.end(exc)
+                    engine.end(exc)
+                    raise
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
             # Its open entry is in the journal before the client hears of it.
             if self.journal is not None:
-                durable = self.journal.begin(self._open_entry(turn, route, rendered))
-                if durable is not None:
-                    await durable
+                with span.stage("journal.open"):
+                    durable = self.journal.begin(self._open_entry(turn, route, rendered))
+                    if durable is not None:
+                        await durable
             response = self._response(turn, status="in_progress", output=[])
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
@@ -356,14 +402,14 @@ class Pipeline:
                 context_now, base = input_context, list(input_context.own_items)
                 first_output = output_start = round_start = len(out.output)
                 if generation is not None:
-                    generation = self._generation_request(turn, route, rendered, input_context)
+                    generation = self._generation_request(turn, route, rendered, input_context, generation.trace_context)
                     if isinstance(route.backend, PreflightBackend):  # opened on the compacted log
                         opened = await route.backend.open_stream(generation)
             if generation is not None:
                 stream, opened = opened, None  # from here on, _generate closes it
                 late_flag, alongside_state, finish = await self._generate(
                     route, generation, out, ctx, items, parent.hook_state if parent else {}, history,
-                    turn.response_id, turn.interrupt, stream,
+                    turn.response_id, turn.interrupt, stream, clock,
                 )
                 engine_usage = finish.usage if finish else None
                 while turn.append is not None and finish is not None and self._may_append(turn, late_flag, finish):
@@ -429,11 +475,17 @@ class Pipeline:
                 status, incomplete = "incomplete", IncompleteDetails(reason)
             else:
                 await out.close()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            first_token.end(exc)
+            engine.end(exc)
             self._bill(turn, route, self._usage(turn, route, rendered, out, engine_usage, spent, output_start), "cancelled")
             self.metrics.inc("responses_cancelled_total")
+            self._log_turn(turn, "cancelled", rendered, None, error=exc)
             raise
         except Exception as exc:
+            first_token.end(exc)
+            engine.end(exc)
+            failure = exc
             if isinstance(exc, BackendError):
                 code, message = exc.code, str(exc)
             else:
@@ -445,6 +497,9 @@ class Pipeline:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+            first_token.end()  # a response that streamed nothing
+            engine.end()
+            clock.stop()
         timings["generate"] = time.perf_counter() - t2
 
         # finalize: the child state shares everything it can with its parent.
@@ -457,7 +512,10 @@ class Pipeline:
             )
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
+        closing = span.stage("journal.close") if self.billing is not None else NO_STAGE
         durable = self._bill(turn, route, usage, status)
+        if durable is None:
+            closing.end()
         log = None
         if rendered is not None and route.renderer is not None and status != "failed":
             log = extend_with_output(route.renderer, rendered.log, out.output[round_start:], finish.token_ids if finish else None)
@@ -507,9 +565,10 @@ class Pipeline:
                 else final
             )
             try:
-                await self.store.put(
-                    StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
-                )
+                with span.stage("store"):
+                    await self.store.put(
+                        StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
+                    )
             except Exception:  # the response is complete and billed: finish it, unstored
                 logger.exception("could not store %s", turn.response_id)
                 self.metrics.inc("store_errors_total", {"transport": turn.transport})
@@ -525,8 +584,16 @@ class Pipeline:
             terminal = ev.ResponseFailed(response=final)
         if durable is not None:  # machine durability: the close entry is on disk first
             await durable
+            closing.end()
+        # Counted, traced and logged before the client hears the end: nothing of the turn is
+        # left to do once it has (a client that closes at once cancels nothing).
+        self._observe(turn, rendered, status, clock)
+        engine_cached = engine_usage.cached_tokens if engine_usage is not None else None
+        if span.recording:
+            self._describe(span, turn, rendered, usage, engine_cached)
+        span.end(status, failure)
+        self._log_turn(turn, status, rendered, usage, clock=clock, engine_cached=engine_cached, error=failure)
         await out.send(terminal)
-        self._observe(turn, rendered, status)
         return state
 
     @staticmethod
@@ -751,7 +818,12 @@ class Pipeline:
         return size
 
     def _generation_request(
-        self, turn: Turn, route: Route, rendered: RenderedPrompt | None, context: Conversation
+        self,
+        turn: Turn,
+        route: Route,
+        rendered: RenderedPrompt | None,
+        context: Conversation,
+        trace_context: Mapping[str, str],
     ) -> GenerationRequest:
         request = turn.request
         return GenerationRequest(
@@ -775,6 +847,7 @@ class Pipeline:
             previous_response_id=turn.delegated_parent,
             tenant=turn.tenant,
             cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
+            trace_context=trace_context,
         )
 
     async def _generate(
@@ -789,6 +862,7 @@ class Pipeline:
         response_id: str,
         interrupt: Interrupt | None = None,
         opened: AsyncGenerator[BackendEvent, None] | None = None,
+        clock: _EngineClock | None = None,
     ) -> tuple[Flag | None, dict[str, Any], Finish | None]:
         """Stream the backend; alongside hooks run concurrently (on ``items``, with the ``carried``
         hook states, ``history`` before them) and a flag stops generation, as does steering
@@ -824,6 +898,9 @@ class Pipeline:
                         step = None
                 except StopAsyncIteration:
                     break
+                if clock is not None:
+                    clock.first_event()
+                    clock = None
                 if isinstance(event, Finish):
                     finish = event
                     break
@@ -973,7 +1050,7 @@ class Pipeline:
             logger.exception("could not submit the usage record of %s", turn.response_id)
         return None
 
-    def _observe(self, turn: Turn, rendered: RenderedPrompt | None, status: str) -> None:
+    def _observe(self, turn: Turn, rendered: RenderedPrompt | None, status: str, clock: _EngineClock) -> None:
         m = self.metrics
         labels = {"transport": turn.transport}
         m.inc(f"responses_{status}_total", labels)
@@ -982,5 +1059,105 @@ class Pipeline:
         if rendered is not None:
             m.inc("cached_tokens_total", labels, rendered.cached_tokens)
             m.inc("render_incremental_total" if rendered.incremental else "render_full_total", labels)
+            m.observe("rendered_tokens", rendered.log.num_tokens - rendered.cached_tokens, labels)
         for stage, seconds in turn.timings.items():
             m.observe("stage_seconds", seconds, {**labels, "stage": stage})
+        m.observe("turn_overhead_seconds", clock.overhead(turn), labels)
+
+    @staticmethod
+    def _describe(
+        span: TurnSpan, turn: Turn, rendered: RenderedPrompt | None, usage: Usage, engine_cached: int | None
+    ) -> None:
+        """The turn span's attributes known only at its end: tokens and how they were rendered."""
+        if rendered is not None:
+            span.set("responses_cache.render.incremental", rendered.incremental)
+            span.set("responses_cache.tokens.rendered", rendered.log.num_tokens - rendered.cached_tokens)
+            span.set("responses_cache.tokens.reused", rendered.cached_tokens)
+        if engine_cached is not None:
+            span.set("responses_cache.tokens.engine_cached", engine_cached)
+        span.set("gen_ai.usage.input_tokens", usage.input_tokens)
+        span.set("gen_ai.usage.output_tokens", usage.output_tokens)
+
+    @staticmethod
+    def _log_turn(
+        turn: Turn,
+        status: str,
+        rendered: RenderedPrompt | None,
+        usage: Usage | None,
+        *,
+        clock: _EngineClock | None = None,
+        engine_cached: int | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """One ``responses_cache.turns`` record per turn (INFO; WARNING when it failed), its
+        fields in ``record.turn`` for :class:`~responses_cache.logs.JsonFormatter`."""
+        failed = error is not None or status in ("failed", "error")
+        level = logging.WARNING if failed else logging.INFO
+        if not turn_logger.isEnabledFor(level):
+            return
+        fields: dict[str, Any] = {
+            "response_id": turn.response_id,
+            "trace_id": turn.span.trace_id or trace_id_of(turn.trace),
+            "tenant": turn.tenant,
+            "model": turn.request.model,
+            "transport": turn.transport,
+            "status": status,
+            "parent_tier": turn.tier,
+            "duration_ms": round((time.perf_counter() - turn.started) * 1000, 3),
+        }
+        if clock is not None and clock.first is not None:
+            fields["ttft_ms"] = round((clock.first - turn.started) * 1000, 3)
+            fields["overhead_ms"] = round(clock.overhead(turn) * 1000, 3)
+        if rendered is not None:
+            fields["rendered_tokens"] = rendered.log.num_tokens - rendered.cached_tokens
+            fields["reused_tokens"] = rendered.cached_tokens
+        if usage is not None:
+            fields["input_tokens"] = usage.input_tokens
+            fields["cached_tokens"] = usage.input_tokens_details.cached_tokens
+            fields["output_tokens"] = usage.output_tokens
+        if engine_cached is not None:
+            fields["engine_cached_tokens"] = engine_cached
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
+            code = getattr(error, "code", None)
+            if code:
+                fields["error_code"] = code
+        turn_logger.log(level, "turn %s %s", turn.response_id, status, extra={"turn": fields})
+
+
+class _EngineClock:
+    """When a turn's engine call started, streamed its first event, and ended: time to first
+    token, and the turn's overhead (its wall time outside the engine call)."""
+
+    __slots__ = ("_metrics", "_span", "_transport", "_turn_started", "ended", "first", "started")
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.first: float | None = None
+        self.ended: float | None = None
+        self._span: StageSpan = NO_STAGE
+        self._metrics: Metrics = NullMetrics()
+        self._transport = ""
+        self._turn_started = 0.0
+
+    def start(self, turn: Turn, first_token: StageSpan, metrics: Metrics) -> None:
+        self.started = time.perf_counter()
+        self._span, self._metrics, self._transport, self._turn_started = first_token, metrics, turn.transport, turn.started
+
+    def first_event(self) -> None:
+        """The engine's first event (the first token, or the end of a response with none)."""
+        self.first = now = time.perf_counter()
+        self._span.end()
+        self._metrics.observe("time_to_first_token_seconds", now - self._turn_started, {"transport": self._transport})
+
+    def stop(self) -> None:
+        if self.started is not None and self.ended is None:
+            self.ended = time.perf_counter()
+
+    def overhead(self, turn: Turn) -> float:
+        """The turn's wall time so far, less the engine call's (with ``response.append``, the
+        waits for appended input count as the engine's)."""
+        total = time.perf_counter() - turn.started
+        if self.started is not None and self.ended is not None:
+            total -= self.ended - self.started
+        return max(total, 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -10,6 +11,7 @@ from ..compaction import Compaction
 from ..protocol.items import Item, Reasoning
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
+from ..tracing import NO_TURN, TurnSpan
 from .append import AppendChannel
 from .interrupt import Interrupt
 
@@ -47,6 +49,15 @@ class Turn:
     #: Seals a summary into a compaction item (``(summary, item id)``; set when the server has a
     #: sealing key; see :mod:`responses_cache.compaction`).
     seal_compaction: Callable[[str, str], Compaction] | None = None
+    #: The client's W3C trace-context headers (``traceparent``, ``tracestate``), set by the edge.
+    trace: dict[str, str] = field(default_factory=dict)
+    #: The turn's span (started when its parent is looked up; ended by the pipeline).
+    span: TurnSpan = NO_TURN
+    #: Where the parent came from: ``none`` (a first turn), ``connection``, ``full_input``,
+    #: ``hot``, ``snapshot``, ``store`` or ``delegated`` (set when the parent is looked up).
+    tier: str = "none"
+    #: ``time.perf_counter()`` when the turn was made: the start of its timings.
+    started: float = field(default_factory=time.perf_counter)
 
     @property
     def model(self) -> str:

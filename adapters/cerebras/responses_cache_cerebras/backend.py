@@ -126,7 +126,7 @@ class CerebrasBackend:
             kwargs["max_tokens"] = max_tokens
         raw = await self.client.completions.with_raw_response.create(
             model=self.model, prompt=prompt, stream=True, return_raw_tokens=True, stop=stops,
-            extra_headers={"X-Request-Id": request.response_id}, **kwargs,
+            extra_headers={"X-Request-Id": request.response_id, **request.trace_context}, **kwargs,
         )
         self._observe(raw.headers)
         stream: Any = await raw.parse()
@@ -218,7 +218,7 @@ class CerebrasBackend:
 
     async def _chat(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         raw = await self.client.chat.completions.with_raw_response.create(
-            **self.chat_body(request), extra_headers={"X-Request-Id": request.response_id}
+            **self.chat_body(request), extra_headers={"X-Request-Id": request.response_id, **request.trace_context}
         )
         self._observe(raw.headers)
         stream: Any = await raw.parse()

@@ -304,7 +304,7 @@ class EngineBackend:
     def routing(self, request: GenerationRequest) -> dict[str, str]:
         """Headers that pin the conversation inside the engine's own routing (SGLang's gateway,
         KV-aware routers, data-parallel ranks). The key is a digest: tenant names stay here."""
-        headers = {"X-Request-Id": request.response_id}
+        headers = {"X-Request-Id": request.response_id, **request.trace_context}
         if not self.routing_headers:
             return headers
         key = hashlib.blake2b(request.affinity_key.encode(), digest_size=16).hexdigest()

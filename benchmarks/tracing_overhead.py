@@ -1,0 +1,292 @@
+"""Tracing overhead: per-turn time with OpenTelemetry tracing configured against without, side by
+side in one run.
+
+Servers run the same WebSocket agent loop (every turn continues the previous one with a
+tool output of ``--tokens-per-turn`` tokens; a new conversation every ``--conversation-turns``), each in its own process, the client interleaving
+them turn by turn (rotating which goes first) so machine noise hits them alike:
+
+* ``off``: no tracer (the default: the seam's do-nothing span);
+* ``api``: :class:`~responses_cache.otel.OpenTelemetryTracer` over the OpenTelemetry API with no
+  SDK configured (what ``--otel`` costs where nothing collects);
+* ``sdk``: the SDK with a batch span processor whose exporter encodes every span as OTLP protobuf
+  and drops the bytes (the work of exporting, without a collector on the network);
+* ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
+* ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``);
+* ``sdk-lean``: ``sdk`` with a span for the engine call only (``stages={"engine"}``), the other
+  stages timed as attributes of the turn span.
+
+Two engines: ``zero`` (zero latency: the turn time is all API overhead, the worst case for a
+ratio) and ``real`` (``--tokens-per-s`` output tokens per second, as a fast engine streams).
+Every server exports Prometheus metrics; ``--scrape DIR`` saves the ``sdk`` server's exposition
+every ``--scrape-every`` seconds (zero-latency engine only) for :mod:`benchmarks.dashboard`.
+
+    python -m benchmarks.tracing_overhead --turns 200 --scrape docs/dashboard-run --json out.json
+
+Needs the ``bench`` extra (the OpenTelemetry SDK and OTLP encoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import websockets
+
+from benchmarks.suite.server import stop_process
+from benchmarks.suite.workload import code_text
+
+MODES = ("off", "api", "sdk", "sdk+metrics", "sdk-sampled", "sdk-lean")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the server (a child process) ---------------------------------------------------------------
+
+
+def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
+    import tempfile
+
+    import uvicorn
+
+    from responses_cache import Biller, JsonlSink, MetricsTee, PrometheusMetrics, create_app
+    from responses_cache.backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
+
+    rate = tokens_per_s if engine == "real" else 1e12
+    backend = SimulatedEngine(
+        SimulatedConfig(
+            instant=False, prefill_tokens_per_s=1e12, output_tokens_per_s=rate,
+            scenario=Scenario(tool_calls=1_000_000, argument_tokens=40, answer_tokens=24),
+        )
+    )
+    prometheus = PrometheusMetrics()
+    metrics: Any = prometheus
+    tracer = None
+    if mode != "off":
+        from responses_cache.otel import OpenTelemetryMetrics, OpenTelemetryTracer
+
+        provider = meter_provider = None
+        if mode.startswith("sdk"):
+            provider, meter_provider = _sdk(sampled=mode == "sdk-sampled")
+        tracer = OpenTelemetryTracer(provider, stages={"engine"} if mode == "sdk-lean" else None)
+        if mode == "sdk+metrics":
+            metrics = MetricsTee(prometheus, OpenTelemetryMetrics(meter_provider))
+    # Billing with a journal, as a production server has it (a span per journal write when traced).
+    spool = Path(tempfile.mkdtemp(prefix="tracing-overhead-"))
+    billing = Biller(JsonlSink(spool / "usage.jsonl"), journal_path=spool / "journal")
+    app = create_app(backend=backend, metrics=metrics, tracer=tracer, billing=billing, context_window=1 << 22)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws_max_size=1 << 26)
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        print(f"PORT {port}", flush=True)
+        await task
+
+    asyncio.run(run())
+
+
+def _sdk(sampled: bool = False) -> tuple[Any, Any]:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Encoding(SpanExporter):
+        """Encodes each batch as an OTLP request, as the OTLP exporters do, and drops it."""
+
+        def __init__(self) -> None:
+            self.bytes = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.bytes += len(encode_spans(spans).SerializeToString())
+            return SpanExportResult.SUCCESS
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1))) if sampled else TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Encoding()))
+    return provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, mode: str, engine: str, tokens_per_s: float) -> None:
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+        self.mode = mode
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.tracing_overhead", "--serve", mode, "--engine", engine, "--tokens-per-s", str(tokens_per_s)],
+            stdout=subprocess.PIPE, text=True, env=env,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            stop_process(self.proc)
+            raise RuntimeError(f"the {mode} server did not start: {line!r}")
+        self.port = int(line.split()[1])
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used (user + system, all its threads; Linux)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as reply:
+            return str(reply.read().decode())
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+async def _turn(ws: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    start = time.perf_counter()
+    await ws.send(json.dumps({"type": "response.create", **body}))
+    while True:
+        event = json.loads(await ws.recv())
+        if event["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
+            if event["type"] != "response.completed":
+                raise RuntimeError(f"turn ended with {event}")
+            return time.perf_counter() - start, event["response"]
+
+
+async def _loop(
+    servers: list[Server], turns: int, tokens_per_turn: int, per_conversation: int, tick: float, scrape: Path | None
+) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {s.mode: [] for s in servers}
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+    conns = [await websockets.connect(f"ws://127.0.0.1:{s.port}/v1/responses", max_size=None, compression=None) for s in servers]
+    previous: list[dict[str, Any] | None] = [None] * len(servers)
+    last_scrape = time.monotonic()
+    traced = next((s for s in servers if s.mode == "sdk"), None)
+    try:
+        for k in range(turns):
+            order = list(range(len(servers)))
+            order = order[k % len(order):] + order[: k % len(order)]
+            for i in order:
+                body: dict[str, Any] = {"model": "sim-1", "tools": tools, "store": False}
+                before = previous[i] if k % per_conversation else None  # a new conversation now and then
+                if before is None:
+                    body["input"] = "The test suite fails in src/parser: find the cause and fix it."
+                else:
+                    call = before["output"][-1]
+                    body["previous_response_id"] = before["id"]
+                    body["input"] = [{"type": "function_call_output", "call_id": call["call_id"], "output": code_text(tokens_per_turn, k)}]
+                seconds, previous[i] = await _turn(conns[i], body)
+                if k >= 3 and k % per_conversation:  # warm-up turns and first turns aside
+                    times[servers[i].mode].append(seconds)
+            await asyncio.sleep(0.002)
+            if scrape is not None and traced is not None and time.monotonic() - last_scrape >= tick:
+                last_scrape = time.monotonic()
+                (scrape / f"{time.time():.3f}.prom").write_text(traced.scrape())
+    finally:
+        for ws in conns:
+            await ws.close()
+    return times
+
+
+def seam_cost_ns(turns: int = 200_000) -> float:
+    """Nanoseconds per turn of the tracing seam's calls when nothing traces (the default): one
+    turn span, the stages a traced turn with a hook and a journal opens, the engine's trace
+    context, and the end — what the pipeline calls whether or not a tracer is configured."""
+    from responses_cache.tracing import NO_TRACER
+
+    stages = ("resolve", "validate", "hook patterns", "render", "engine", "engine.first_token", "journal.open", "journal.close")
+    carrier: dict[str, str] = {}
+    attributes = {"responses_cache.tenant": "t"}
+    start = time.perf_counter_ns()
+    for _ in range(turns):
+        span = NO_TRACER.start_turn(carrier, attributes)
+        for name in stages:
+            with span.stage(name) as stage:
+                pass
+        span.inject(stage)
+        span.set("responses_cache.parent_tier", "connection")
+        if span.recording:
+            pass
+        span.end("completed")
+    return (time.perf_counter_ns() - start) / turns
+
+
+def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    base = statistics.median(times["off"])
+    base_mean = statistics.fmean(times["off"])
+    for mode, values in times.items():
+        median = statistics.median(values)
+        out[mode] = {
+            "turns": len(values),
+            "median_ms": round(median * 1000, 3),
+            "mean_ms": round(statistics.fmean(values) * 1000, 3),
+            "ratio_median": round(median / base, 4),
+            "ratio_mean": round(statistics.fmean(values) / base_mean, 4),
+            # Each turn against the untraced turn of the same round (run back to back): the
+            # median of those ratios, the least sensitive to load that comes and goes.
+            "ratio_paired": round(statistics.median(v / o for v, o in zip(values, times["off"], strict=True)), 4),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default=",".join(MODES), help="which of " + ",".join(MODES) + " to run (off always)")
+    parser.add_argument("--engine", choices=("zero", "real", "both"), default="both")
+    parser.add_argument("--tokens-per-s", type=float, default=1000.0, help="the real engine's output rate")
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--tokens-per-turn", type=int, default=500, help="tokens of tool output per turn")
+    parser.add_argument("--conversation-turns", type=int, default=50, help="turns per conversation (then a new one)")
+    parser.add_argument("--scrape", type=Path, help="save the sdk server's /metrics here during the run")
+    parser.add_argument("--scrape-every", type=float, default=1.0)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    if args.serve:
+        _serve(args.serve, args.engine, args.tokens_per_s)
+        return 0
+    results: dict[str, Any] = {"options": {k: str(v) for k, v in vars(args).items()}}
+    results["seam_ns_per_turn"] = round(seam_cost_ns(), 1)
+    print(f"the tracing seam, nothing configured: {results['seam_ns_per_turn']:.0f} ns per turn", file=sys.stderr)
+    for engine in ("zero", "real") if args.engine == "both" else (args.engine,):
+        modes = ["off", *(m for m in args.modes.split(",") if m in MODES and m != "off")]
+        servers = [Server(mode, engine, args.tokens_per_s) for mode in modes]
+        try:
+            scrape = args.scrape if engine == "zero" else None
+            if scrape is not None:
+                scrape.mkdir(parents=True, exist_ok=True)
+            cpu = [s.cpu_seconds() for s in servers]
+            times = asyncio.run(_loop(servers, args.turns, args.tokens_per_turn, args.conversation_turns, args.scrape_every, scrape))
+            cpu = [s.cpu_seconds() - before for s, before in zip(servers, cpu, strict=True)]
+        finally:
+            for server in servers:
+                server.stop()
+        results[engine] = _summary(times)
+        # Server CPU per turn: what tracing costs the server, however busy the machine is.
+        for server, used in zip(servers, cpu, strict=True):
+            row = results[engine][server.mode]
+            row["server_cpu_ms_per_turn"] = round(used * 1000 / args.turns, 3)
+            row["cpu_ratio"] = round(used / cpu[0], 4)
+        print(f"engine={engine}:", file=sys.stderr)
+        for mode, row in results[engine].items():
+            print(f"  {mode:>11}: median {row['median_ms']:.3f} ms  mean {row['mean_ms']:.3f} ms  "
+                  f"x{row['ratio_median']:.3f} (median)  x{row['ratio_mean']:.3f} (mean)  "
+                  f"x{row['ratio_paired']:.3f} (paired)  server CPU {row['server_cpu_ms_per_turn']:.3f} ms/turn "
+                  f"x{row['cpu_ratio']:.3f}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Metrics through Prometheus and OpenTelemetry under the same names, and JSON log lines per
+turn and per error carrying the turn's response and trace ids."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from starlette.testclient import TestClient
+
+from responses_cache import (
+    Biller,
+    JsonlSink,
+    MetricsTee,
+    PrometheusMetrics,
+    SimulatedConfig,
+    SimulatedEngine,
+    create_app,
+)
+from responses_cache.logs import use_json_logs
+from responses_cache.otel import OpenTelemetryMetrics, OpenTelemetryTracer
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _turns(client: TestClient, count: int, **headers: str) -> list[dict[str, Any]]:
+    """``count`` chained WebSocket turns on one connection; their completed responses."""
+    done: list[dict[str, Any]] = []
+    with client.websocket_connect("/v1/responses", headers=headers) as ws:
+        previous = None
+        for k in range(count):
+            ws.send_json({"type": "response.create", "model": "sim-1", "input": f"turn {k}", "previous_response_id": previous})
+            while (event := ws.receive_json())["type"] not in ("response.completed", "response.failed", "error"):
+                pass
+            done.append(event)
+            previous = event.get("response", {}).get("id")
+    return done
+
+
+def _prometheus_families(text: str) -> set[str]:
+    """Metric family names, counters without ``_total`` (an OpenTelemetry Prometheus exporter
+    adds it to a counter's name, as ``prometheus_client`` does)."""
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    return {n.removesuffix("_total") for n in names if not n.endswith("_created")}
+
+
+def test_prometheus_and_opentelemetry_get_the_same_names(tmp_path: Path) -> None:
+    prometheus = PrometheusMetrics()
+    reader = InMemoryMetricReader()
+    otel = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
+    biller = Biller(JsonlSink(tmp_path / "usage.jsonl"), flush_interval=0)
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)), metrics=MetricsTee(prometheus, otel), billing=biller)
+    with TestClient(app) as client:
+        _turns(client, 2)
+    # After shutdown the biller has delivered both records (and observed their lag).
+    text = prometheus.exposition().decode()
+    data = reader.get_metrics_data()
+    assert data is not None
+    otel_names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    for name in ("time_to_first_token_seconds", "turn_overhead_seconds", "rendered_tokens", "parent_tier",
+                 "stage_seconds", "responses_completed", "billing_lag_seconds"):
+        assert f"responses_cache_{name}" in otel_names, name
+    assert otel_names == _prometheus_families(text)
+    # Histograms where a dashboard wants quantiles; the parent tier of each turn.
+    assert "responses_cache_time_to_first_token_seconds_bucket{" in text
+    assert 'responses_cache_parent_tier_total{tier="none",transport="websocket"} 1.0' in text
+    assert 'responses_cache_parent_tier_total{tier="connection",transport="websocket"} 1.0' in text
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = use_json_logs(stream=stream)
+    logger = logging.getLogger("responses_cache")
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_one_json_line_per_turn_with_its_trace_and_response_ids(json_log: io.StringIO) -> None:
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)))
+    with TestClient(app) as client:
+        first, second = _turns(client, 2, traceparent=TRACEPARENT)
+    lines = [line for line in _lines(json_log) if line["logger"] == "responses_cache.turns"]
+    assert [line["response_id"] for line in lines] == [first["response"]["id"], second["response"]["id"]]
+    # Without a tracer, the trace id is the client's.
+    assert {line["trace_id"] for line in lines} == {"4bf92f3577b34da6a3ce929d0e0e4736"}
+    assert [line["parent_tier"] for line in lines] == ["none", "connection"]
+    assert lines[1]["reused_tokens"] > 0 and lines[1]["rendered_tokens"] > 0
+    assert all(line["status"] == "completed" and line["level"] == "info" and "ttft_ms" in line for line in lines)
+    assert lines[1]["input_tokens"] == second["response"]["usage"]["input_tokens"]
+
+
+class _Exploding:
+    """A blocking hook with a bug: the turn fails, and the error is logged."""
+
+    name = "exploding"
+    phase = "before"
+
+    async def __call__(self, ctx: Any, new_items: Any, state: Any) -> Any:
+        logging.getLogger("responses_cache.hooks").error("the hook is about to fail")
+        raise RuntimeError("hook bug")
+
+
+def test_an_error_line_carries_the_turns_ids(json_log: io.StringIO) -> None:
+    tracer = OpenTelemetryTracer(TracerProvider())
+    app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)), hooks=[_Exploding()], tracer=tracer)
+    with TestClient(app) as client:
+        reply = client.post("/v1/responses", json={"model": "sim-1", "input": "hi"}, headers={"traceparent": TRACEPARENT})
+    assert reply.status_code == 500
+    lines = _lines(json_log)
+    hook = next(line for line in lines if line["message"] == "the hook is about to fail")
+    turn = next(line for line in lines if line["logger"] == "responses_cache.turns")
+    assert turn["status"] == "error" and turn["level"] == "warning" and "hook bug" in turn["error"]
+    # The traced turn's trace (the client's) and response id, on both lines.
+    assert hook["trace_id"] == turn["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert hook["response_id"] == turn["response_id"] and turn["response_id"].startswith("resp_")
