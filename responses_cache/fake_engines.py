@@ -32,7 +32,10 @@ vLLM 0.33.0 (:class:`FakeVllm`)
   ``choices[].token_ids``): ``vllm/entrypoints/.../token_in_token_out/``.
 * Unknown fields accepted and ignored: ``OpenAIBaseModel`` (``extra="allow"``) in the
   ``vllm/entrypoints/openai`` protocol models. ``stream_options`` without ``stream`` is
-  rejected (400) by ``CompletionRequest``'s validator.
+  rejected (400) by ``CompletionRequest``'s validator; the tokens route accepts it (live, 0.32).
+* A prompt over ``max_model_len``: ``/v1/completions`` answers HTTP 400; the tokens route
+  answers 200 and one error chunk (live, 0.32). Both compared with the real engine in
+  ``adapters/vllm/tests/engine/test_fake_matches_engine.py``.
 * The stop token kept in ``token_ids`` but left out of ``text``; text held back across chunks by
   incremental detokenization: ``vllm/v1/engine/detokenizer.py``.
 * Finish reasons ``stop``/``length``/``abort``/``error``/``repetition``:
@@ -444,6 +447,7 @@ class FakeVllm(FakeEngine):
         return usage
 
     def _check(self, prompt: Any, body: Mapping[str, Any]) -> str | None:
+        """``/v1/completions``' checks, answered with HTTP 400 before streaming."""
         if not isinstance(prompt, list) or any(not isinstance(t, int) or t < 0 for t in prompt):
             return "prompt must be a list of non-negative token ids"
         if body.get("stream_options") is not None and not body.get("stream"):
@@ -452,6 +456,15 @@ class FakeVllm(FakeEngine):
             return (f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
                     f"{len(prompt)} input tokens. Please reduce the length of the input messages.")
         return None
+
+    def _too_long_for_generate(self, prompt: list[int]) -> dict[str, Any] | None:
+        """The tokens route checks the prompt's length once it streams: HTTP 200, then one error
+        chunk (seen live on vLLM 0.32; ``test_fake_matches_engine``)."""
+        if len(prompt) < self.max_model_len:
+            return None
+        message = (f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of "
+                   f"{self.max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
 
     async def _generate(self, request: Request) -> Response:
         self._serving(request)
@@ -464,9 +477,11 @@ class FakeVllm(FakeEngine):
                                            "code": 403}}, 403)
         prompt = body.get("token_ids")
         params = body.get("sampling_params") or {}
-        problem = self._check(prompt, body)
-        if problem or not isinstance(prompt, list):
-            return JSONResponse(self._error_body(400, problem or "token_ids is required"), 400)
+        if not isinstance(prompt, list) or any(not isinstance(t, int) or t < 0 for t in prompt):
+            return JSONResponse(self._error_body(400, "token_ids must be a list of non-negative token ids"), 400)
+        too_long = self._too_long_for_generate(prompt)
+        if too_long is not None:
+            return StreamingResponse(iter([_sse(too_long), b"data: [DONE]\n\n"]), media_type="text/event-stream")
         behaviour = self._behaviour()
         if behaviour.status:
             return self._error_response(behaviour)
@@ -524,7 +539,7 @@ class FakeVllm(FakeEngine):
                     choice["prompt_token_ids"] = prompt
                 first = False
                 yield _sse({"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
-                            "choices": [choice], "usage": None})
+                            "choices": [choice]})
             if include_usage:
                 yield _sse({"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
                             "choices": [], "usage": self._usage(prompt, body.get("cache_salt"), len(ids))})

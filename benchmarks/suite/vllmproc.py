@@ -168,7 +168,8 @@ class VllmProcess:
         argv = [str(self.python.parent / "vllm"), "serve", str(self.model), "--served-model-name", self.served_name,
                 "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(self.max_model_len),
                 "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "16",
-                "--block-size", "32"]  # the CPU build's default is 128; 16 is refused
+                "--block-size", "32",  # the CPU build's default is 128; 16 is refused
+                "--enable-log-requests"]  # each request's arrival and abort in the log: see aborted()
         if self.scale_out:
             argv.append("--enable-scale-out")
         if self.middleware is not None:
@@ -242,6 +243,16 @@ class VllmProcess:
             running=samples["vllm:num_requests_running"],
             prefix_hits=samples["vllm:prefix_cache_hits_total"],
         )
+
+    def aborted(self, request_id: str) -> bool:
+        """Whether the engine logged the abort of a request whose id contains ``request_id`` (the
+        adapters send the response id; vLLM logs ``Request <prefix>-<id> aborted.``)."""
+        return any(request_id in line and "aborted" in line for line in self.log.read_text(errors="replace").splitlines())
+
+    def received(self, request_id: str) -> bool:
+        """Whether the engine logged receiving a request whose id contains ``request_id``."""
+        return any(request_id in line and "Received request" in line
+                   for line in self.log.read_text(errors="replace").splitlines())
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -95,18 +95,18 @@ def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> No
 
 
 def test_a_client_leaving_mid_stream_aborts_the_engine_request(target: Target) -> None:
-    before = target.engine.counters()
     with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on forever.", **ENDLESS}))
+        response_id = ""
         deltas = 0
         while deltas < 5:
             event = json.loads(ws.recv(timeout=60))
             check_event(event)
+            response_id = response_id or event.get("response", {}).get("id", "")
             deltas += event["type"] == "response.output_text.delta"
         assert target.engine.counters().running == 1
-    # The request left the engine without finishing (3,000 greedy tokens would take minutes).
-    _wait(lambda: target.engine.counters().running == 0, "the engine's abort")
-    assert (target.engine.counters() - before).finished == 0
+    # The engine aborted the request (3,000 greedy tokens would take minutes) and freed its slot.
+    _wait(lambda: target.engine.aborted(response_id) and target.engine.counters().running == 0, "the engine's abort")
 
 
 def test_steering_aborts_the_engine_request_and_the_successor_continues_it(target: Target) -> None:
@@ -114,34 +114,37 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
 
     def until(kind: str) -> dict[str, Any]:
         while True:
-            event = json.loads(ws.recv(timeout=60))
+            try:
+                event = json.loads(ws.recv(timeout=60))
+            except TimeoutError:
+                pytest.fail(f"no {kind} within 60 s; received: {[e['type'] for e in events][-12:]}")
             check_event(event)
             events.append(event)
             if event["type"] == kind:
                 return event
 
     with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
-        # Greedy, so the target runs until steered; the successor inherits the settings and ends
-        # at max_output_tokens.
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": OPENING, **ENDLESS,
-                            "max_output_tokens": 300}))
+        # Greedy: the target runs until it is steered.
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": OPENING, **ENDLESS}))
         target_id = until("response.created")["response"]["id"]
         until("response.output_text.delta")
-        before = target.engine.counters()
         steer = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Stop. Be brief."}]}]
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target_id, "input": steer}))
         until("response.steer.accepted")
         steered = until("response.incomplete")["response"]
-        successor = until("response.incomplete")["response"]
+        before = target.engine.counters()
+        successor = until("response.created")["response"]
+        until("response.output_text.delta")  # the successor's prompt is prefilled
+        hits = (target.engine.counters() - before).prefix_hits
+        # The successor inherits the target's settings (greedy, 3,000 tokens): leaving ends it.
     assert steered["incomplete_details"] == {"reason": "steered"}
     assert successor["previous_response_id"] == target_id
-    assert successor["incomplete_details"] == {"reason": "max_output_tokens"}
-    # The target's engine request was aborted (only the successor finished), and the successor's
-    # prompt extends the target's prompt and what it had sampled: the engine's cache served that.
-    spent = target.engine.counters() - before
-    assert spent.finished == 1
-    assert spent.prefix_hits >= (steered["usage"]["input_tokens"] // 32 - 1) * 32
-    assert_continued([steered, successor])
+    # The engine's request for the target was aborted, and the successor's prompt extends the
+    # target's prompt and what it had sampled: the engine's cache served all of that.
+    _wait(lambda: target.engine.aborted(target_id), "the target's abort")
+    assert hits >= (steered["usage"]["input_tokens"] // 32 - 1) * 32, (hits, steered["usage"])
+    assert steered["usage"]["output_tokens"] > 0
+    _wait(lambda: target.engine.aborted(successor["id"]), "the successor's abort")
 
 
 def test_eight_concurrent_connections(target: Target) -> None:
@@ -201,16 +204,26 @@ def test_the_tokenizer_handshake_passes_and_a_wrong_template_refuses_to_start(
         asyncio.run(network_backend(engines["scale_out"], template="chatml").start())
 
 
+@pytest.mark.parametrize("which", ["scale_out", "stock"], ids=["generate", "completions"])
 def test_the_engines_own_context_error_is_context_length_exceeded(
-    engines: dict[str, VllmProcess], responses_cache_server_factory: Callable[..., Any]
+    which: str, engines: dict[str, VllmProcess], responses_cache_server_factory: Callable[..., Any]
 ) -> None:
-    # A context window configured larger than the engine's: the engine itself refuses the prompt
-    # (its HTTP 400), before the response exists.
-    backend = network_backend(engines["scale_out"], context_window=100_000)
+    # A context window configured larger than the engine's: the engine itself refuses the prompt.
+    # On /v1/completions that is its HTTP 400: an error before the response exists. The tokens
+    # route answers 200 and then an error chunk (vLLM 0.32): the response has been created, and
+    # fails with the code clients act on (which the SDK's ResponseErrorCode does not list, so that
+    # one event is not validated strictly).
+    backend = network_backend(engines[which], context_window=100_000)
     server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony", api_keys=[KEY]))
     with sdk(server.http_url) as client, client.responses.connect() as conn:
         conn.response.create(model=MODEL, store=False, input="lorem " * 5000, max_output_tokens=16)
-        event = next_event(conn, "response.created", "error")
-        assert event["type"] == "error" and event["status"] == 400, event
-        assert event["error"]["code"] == "context_length_exceeded", event
-        assert turn(conn, input="short")["status"] == "completed"
+        first = next_event(conn, "response.created", "error")
+        if which == "stock":
+            assert first["type"] == "error" and first["status"] == 400, first
+            assert first["error"]["code"] == "context_length_exceeded", first
+        else:
+            assert first["type"] == "response.created", first
+            while (event := json.loads(conn.recv_bytes()))["type"] != "response.failed":
+                check_event(event)
+            assert event["response"]["error"]["code"] == "context_length_exceeded", event
+        assert turn(conn, input="short", max_output_tokens=16)["status"] == "completed"
