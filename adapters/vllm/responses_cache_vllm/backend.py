@@ -90,6 +90,13 @@ class HandshakeError(RuntimeError):
 
 @dataclass(slots=True)
 class _Outcome:
+    """One generation: what every try on a replica shares, and what the engine reported."""
+
+    request: GenerationRequest
+    renderer: Any
+    parser: Any
+    headers: dict[str, str]
+    calls: int = 0  # tool calls started so far
     finish: str | None = None
     detail: str = ""
     matched_stop: int | None = None
@@ -412,14 +419,12 @@ class EngineBackend:
         body = dialect.body(params)
         headers = self.routing(request)
         customs = frozenset(tool.name for tool in request.tools.customs())
-        parser = renderer.output_parser(customs)
-        outcome = _Outcome(sampled=list(prefill))
-        calls = 0
-        for event in parser.feed(prefill_text):
-            calls += isinstance(event, ToolCallStart)
+        outcome = _Outcome(request, renderer, renderer.output_parser(customs), headers, sampled=list(prefill))
+        for event in outcome.parser.feed(prefill_text):
+            outcome.calls += isinstance(event, ToolCallStart)
             yield event
         try:
-            async for step in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+            async for step in self._on_replicas(dialect, body, outcome):
                 yield step
         except _RouteDisabled as exc:
             if self.endpoint != "auto":
@@ -428,7 +433,7 @@ class EngineBackend:
             self._fall_back(str(exc))
             self.dialect = dialect = DIALECTS[PREFERENCE[self.engine][1]]
             body = dialect.body(params)
-            async for step in self._on_replicas(dialect, body, headers, renderer, parser, outcome, request, calls):
+            async for step in self._on_replicas(dialect, body, outcome):
                 yield step
         if outcome.truncated:
             yield Finish(reason="stop", usage=self._usage(outcome, prefill), token_ids=None)
@@ -446,22 +451,14 @@ class EngineBackend:
         yield Finish(reason=reason, usage=self._usage(outcome, prefill), token_ids=sampled or None)  # type: ignore[arg-type]
 
     async def _on_replicas(
-        self,
-        dialect: Dialect,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        renderer: Any,
-        parser: Any,
-        outcome: _Outcome,
-        request: GenerationRequest,
-        calls: int,
+        self, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
     ) -> AsyncIterator[BackendEvent | _Accepted]:
         """The request on the conversation's replica, failing over to the next ones while none
         has streamed anything."""
         unavailable: list[str] = []
-        for url in self.replicas.ranked(request.affinity_key):
+        for url in self.replicas.ranked(outcome.request.affinity_key):
             try:
-                async for event in self._attempt(url, dialect, body, headers, renderer, parser, outcome, request, calls):
+                async for event in self._attempt(url, dialect, body, outcome):
                     yield event
             except EngineUnavailable as exc:
                 self.replicas.mark_down(url)
@@ -473,23 +470,15 @@ class EngineBackend:
         )
 
     async def _attempt(
-        self,
-        url: str,
-        dialect: Dialect,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        renderer: Any,
-        parser: Any,
-        outcome: _Outcome,
-        request: GenerationRequest,
-        calls: int,
+        self, url: str, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
     ) -> AsyncIterator[BackendEvent | _Accepted]:
         """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
         streamed = False
-        decoder = IncrementalDecoder(renderer.encoding)
+        parser = outcome.parser
+        decoder = IncrementalDecoder(outcome.renderer.encoding)
         mode: str | None = None  # "ids": decode sampled ids here; "text": the engine's text
         try:
-            async with self._client.stream("POST", url + dialect.path, json=body, headers=headers) as response:
+            async with self._client.stream("POST", url + dialect.path, json=body, headers=outcome.headers) as response:
                 if response.status_code != 200:
                     error = http_error(response.status_code, await response.aread(), response.headers)
                     if response.status_code in RETRYABLE_STATUS:
@@ -524,8 +513,8 @@ class EngineBackend:
                         text = step.text or ""
                     for event in parser.feed(text):
                         if isinstance(event, ToolCallStart):
-                            calls += 1
-                            if calls > 1 and not request.parallel_tool_calls:
+                            outcome.calls += 1
+                            if outcome.calls > 1 and not outcome.request.parallel_tool_calls:
                                 outcome.truncated = True  # one call only: stop the engine here
                                 return
                         streamed = True

@@ -22,6 +22,7 @@ from websockets.sync.client import connect
 
 from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import create_app
+from responses_cache.sealing import Sealer, new_key
 from tests.websocket.wsclient import check_event
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM
@@ -87,10 +88,10 @@ def test_max_output_tokens_is_capped_by_the_context_window(target: Target) -> No
     assert usage["input_tokens"] + usage["output_tokens"] == target.engine.max_model_len
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+def _wait(condition: Callable[[], bool], what: str, engine: VllmProcess, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; the engine's log ends:\n{engine.tail(15)}"
         time.sleep(0.1)
 
 
@@ -104,9 +105,10 @@ def test_a_client_leaving_mid_stream_aborts_the_engine_request(target: Target) -
             check_event(event)
             response_id = response_id or event.get("response", {}).get("id", "")
             deltas += event["type"] == "response.output_text.delta"
-        assert target.engine.counters().running == 1
+        assert target.engine.received(response_id), target.engine.tail(12)
     # The engine aborted the request (3,000 greedy tokens would take minutes) and freed its slot.
-    _wait(lambda: target.engine.aborted(response_id) and target.engine.counters().running == 0, "the engine's abort")
+    _wait(lambda: target.engine.aborted(response_id) and target.engine.counters().running == 0, "the engine's abort",
+          target.engine)
 
 
 def test_steering_aborts_the_engine_request_and_the_successor_continues_it(target: Target) -> None:
@@ -141,10 +143,10 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
     assert successor["previous_response_id"] == target_id
     # The engine's request for the target was aborted, and the successor's prompt extends the
     # target's prompt and what it had sampled: the engine's cache served all of that.
-    _wait(lambda: target.engine.aborted(target_id), "the target's abort")
+    _wait(lambda: target.engine.aborted(target_id), "the target's abort", target.engine)
     assert hits >= (steered["usage"]["input_tokens"] // 32 - 1) * 32, (hits, steered["usage"])
     assert steered["usage"]["output_tokens"] > 0
-    _wait(lambda: target.engine.aborted(successor["id"]), "the successor's abort")
+    _wait(lambda: target.engine.aborted(successor["id"]), "the successor's abort", target.engine)
 
 
 def test_eight_concurrent_connections(target: Target) -> None:
@@ -227,3 +229,27 @@ def test_the_engines_own_context_error_is_context_length_exceeded(
                 check_event(event)
             assert event["response"]["error"]["code"] == "context_length_exceeded", event
         assert turn(conn, input="short", max_output_tokens=16)["status"] == "completed"
+
+
+def test_a_compaction_on_the_real_engine(
+    engines: dict[str, VllmProcess], responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    # client.responses.compact: the engine writes the summary (a generation on the conversation's
+    # token log plus the summary prompt, so its prefix cache serves the conversation), and the
+    # compacted output continues the conversation.
+    engine = engines["scale_out"]
+    server = responses_cache_server_factory(create_app(
+        backend=network_backend(engine), renderer="harmony", api_keys=[KEY], sealer=Sealer.from_text(new_key())))
+    with sdk(server.http_url) as client:
+        first = client.responses.create(model=MODEL, input=OPENING)
+        second = client.responses.create(model=MODEL, input="And after that?", previous_response_id=first.id)
+        before = engine.counters()
+        compacted = client.responses.compact(model=MODEL, previous_response_id=second.id)
+        hits = (engine.counters() - before).prefix_hits
+        assert compacted.output[-1].type == "compaction" and compacted.usage is not None
+        assert second.usage is not None and hits >= (second.usage.input_tokens // 32 - 1) * 32, hits
+        follow = client.responses.create(model=MODEL, input=[*(i.model_dump(exclude_none=True) for i in compacted.output),
+                                                              {"role": "user", "content": "Go on."}])
+        again = client.responses.create(model=MODEL, input="Then?", previous_response_id=follow.id)
+    assert follow.status == "completed" and again.status == "completed"
+    assert again.usage is not None and again.usage.input_tokens_details.cached_tokens > 0
