@@ -323,10 +323,10 @@ class EngineBackend:
 
     def prefill(self, request: GenerationRequest, renderer: Renderer) -> str:
         """Text appended after the generation prompt to honour ``tool_choice``: a named function
-        or ``required`` start the call in the prompt; ``none`` cannot be enforced on a token
-        prompt and is refused."""
+        or ``required`` start the call in the prompt. (``none`` needs no prefill: the stream is
+        ended at the first call the model starts, see :meth:`_attempt`.)"""
         choice = request.tool_choice
-        if choice in ("auto", None):
+        if choice in ("auto", "none", None):
             return ""
         name: str | None = None
         if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
@@ -334,7 +334,7 @@ class EngineBackend:
         elif choice != "required":
             raise BackendError(
                 f"tool_choice {json.dumps(choice)} is not supported by the {self.engine} backend "
-                "(supported: 'auto', 'required', or a named function); leave the tools out instead of 'none'",
+                "(supported: 'auto', 'none', 'required', or a named function)",
                 "unsupported_value",
             )
         return renderer.tool_call_prefix(name)
@@ -514,8 +514,9 @@ class EngineBackend:
                     for event in parser.feed(text):
                         if isinstance(event, ToolCallStart):
                             outcome.calls += 1
-                            if outcome.calls > 1 and not outcome.request.parallel_tool_calls:
-                                outcome.truncated = True  # one call only: stop the engine here
+                            request = outcome.request
+                            if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
+                                outcome.truncated = True  # no call, or one call only: stop the engine here
                                 return
                         streamed = True
                         yield event

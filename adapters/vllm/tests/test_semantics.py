@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from responses_cache_vllm import EngineBackend, Replicas, rendezvous
 
 from responses_cache import (
-    BackendError,
     Finish,
     GenerationRequest,
     Prompt,
@@ -116,13 +115,26 @@ def test_required_tool_choice_forces_a_call(responses_cache_server_factory: Any)
     assert _summary(events) == [("call", "exec_command"), ("args", '{"cmd": "pwd"}')]
 
 
-def test_tool_choice_none_is_refused_clearly(responses_cache_server_factory: Any) -> None:
+def test_tool_choice_none_ends_the_answer_where_a_call_would_start(responses_cache_server_factory: Any) -> None:
+    # A token prompt cannot forbid a call up front: the engine's stream is closed at the first
+    # call the model starts, and what it wrote before stays the answer (no call reaches the client).
     renderer = get_renderer("harmony")
-    engine = FakeVllm(renderer.encoding)
-    with pytest.raises(BackendError, match="tool_choice") as raised:
-        _run(_backend(responses_cache_server_factory, engine), _request(renderer, tool_choice="none"))
-    assert raised.value.code == "unsupported_value"
-    assert engine.generation_requests() == []
+    answer = ("<|channel|>final<|message|>Let me look.<|end|><|start|>assistant<|channel|>commentary "
+              'to=functions.exec_command <|constrain|>json<|message|>{"cmd": "ls"}<|call|>')
+    engine = FakeVllm(renderer.encoding, [answer, answer])
+    # The engine stalls a few tokens into the call: only closing the stream ends it.
+    stall = len(renderer.encoding.encode(answer[: answer.index("<|message|>{") + 12], allowed_special="all"))
+    engine.behaviours = [Behaviour(chunk_tokens=1, hang_after=stall)]
+    events = _run(_backend(responses_cache_server_factory, engine), _request(renderer, tool_choice="none"))
+    assert _summary(events) == [("text", "Let me look.")]
+    assert isinstance(events[-1], Finish) and events[-1].reason == "stop" and events[-1].token_ids is None
+    deadline = time.monotonic() + 10
+    while engine.closed_early == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.closed_early == 1
+    # With "auto" the same answer's call goes through.
+    auto = _run(_backend(responses_cache_server_factory, engine), _request(renderer))
+    assert [e.name for e in auto if isinstance(e, ToolCallStart)] == ["exec_command"]
 
 
 def test_parallel_tool_calls_false_keeps_one_call_and_stops_the_engine(responses_cache_server_factory: Any) -> None:
