@@ -230,7 +230,7 @@ def test_the_engines_own_context_error_is_context_length_exceeded(
             while (event := json.loads(conn.recv_bytes()))["type"] != "response.failed":
                 check_event(event)
             assert event["response"]["error"]["code"] == "context_length_exceeded", event
-        assert turn(conn, input="short", max_output_tokens=16)["status"] == "completed"
+        assert turn(conn, input="short", max_output_tokens=16)["status"] in ("completed", "incomplete")  # not failed
 
 
 def test_a_compaction_on_the_real_engine(
