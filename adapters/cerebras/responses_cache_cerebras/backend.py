@@ -17,8 +17,9 @@ under ``cerebras_ratelimit_*``) and to :attr:`CerebrasBackend.rate_limits`.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -95,8 +96,10 @@ class CerebrasBackend:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         events = self._chat(request) if self.mode_for(request.model) == "chat" else self._tokens(request)
         try:
-            async for event in events:
-                yield event
+            # aclosing: closing this generator closes the SDK stream at once, not at finalization.
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
         except APIStatusError as exc:
             raise _status_error(exc) from exc
         except APIConnectionError as exc:
@@ -104,7 +107,7 @@ class CerebrasBackend:
 
     # -- token-id completions ------------------------------------------------------------------
 
-    async def _tokens(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def _tokens(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         if request.prompt is None:
             raise BackendError("the Cerebras token path needs a route with a renderer (or mode 'chat')", "server_error")
         if request.tool_choice not in ("auto", None):
@@ -216,7 +219,7 @@ class CerebrasBackend:
             body["reasoning_effort"] = effort
         return body
 
-    async def _chat(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    async def _chat(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         raw = await self.client.chat.completions.with_raw_response.create(
             **self.chat_body(request), extra_headers={"X-Request-Id": request.response_id, **request.trace_context}
         )

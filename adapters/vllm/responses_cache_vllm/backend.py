@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,9 +424,12 @@ class EngineBackend:
         for event in outcome.parser.feed(prefill_text):
             outcome.calls += isinstance(event, ToolCallStart)
             yield event
+        # aclosing: closing this generator closes the ones it iterates at once (the engine's HTTP
+        # stream with them), not whenever the garbage collector finalizes them.
         try:
-            async for step in self._on_replicas(dialect, body, outcome):
-                yield step
+            async with contextlib.aclosing(self._on_replicas(dialect, body, outcome)) as steps:
+                async for step in steps:
+                    yield step
         except _RouteDisabled as exc:
             if self.endpoint != "auto":
                 raise exc.error from None
@@ -433,8 +437,9 @@ class EngineBackend:
             self._fall_back(str(exc))
             self.dialect = dialect = DIALECTS[PREFERENCE[self.engine][1]]
             body = dialect.body(params)
-            async for step in self._on_replicas(dialect, body, outcome):
-                yield step
+            async with contextlib.aclosing(self._on_replicas(dialect, body, outcome)) as steps:
+                async for step in steps:
+                    yield step
         if outcome.truncated:
             yield Finish(reason="stop", usage=self._usage(outcome, prefill), token_ids=None)
             return
@@ -452,14 +457,15 @@ class EngineBackend:
 
     async def _on_replicas(
         self, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
-    ) -> AsyncIterator[BackendEvent | _Accepted]:
+    ) -> AsyncGenerator[BackendEvent | _Accepted, None]:
         """The request on the conversation's replica, failing over to the next ones while none
         has streamed anything."""
         unavailable: list[str] = []
         for url in self.replicas.ranked(outcome.request.affinity_key):
             try:
-                async for event in self._attempt(url, dialect, body, outcome):
-                    yield event
+                async with contextlib.aclosing(self._attempt(url, dialect, body, outcome)) as events:
+                    async for event in events:
+                        yield event
             except EngineUnavailable as exc:
                 self.replicas.mark_down(url)
                 unavailable.append(f"{url}: {exc}")
@@ -471,7 +477,7 @@ class EngineBackend:
 
     async def _attempt(
         self, url: str, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
-    ) -> AsyncIterator[BackendEvent | _Accepted]:
+    ) -> AsyncGenerator[BackendEvent | _Accepted, None]:
         """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
         streamed = False
         parser = outcome.parser

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,3 +229,52 @@ def test_rendezvous_spreads_keys_and_fails_over_to_the_next_ranked() -> None:
         assert ranked[-1] == down
     now[0] = 6.0  # the cooldown is over: conversations return to their owner
     assert [replicas.ranked(k)[0] for k in keys] == owners
+
+
+class _WatchedTransport(httpx.AsyncHTTPTransport):
+    """Counts the engine responses whose streams are still open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if request.url.path != "/inference/v1/generate":
+            return response
+        self.open += 1
+        stream, watcher = response.stream, self
+
+        class Watched(httpx.AsyncByteStream):
+            async def __aiter__(self) -> Any:
+                async for chunk in stream:  # type: ignore[union-attr]
+                    yield chunk
+
+            async def aclose(self) -> None:
+                watcher.open -= 1
+                await stream.aclose()  # type: ignore[union-attr]
+
+        return httpx.Response(response.status_code, headers=response.headers, stream=Watched(), request=request,
+                              extensions=response.extensions)
+
+
+def test_closing_a_generation_closes_the_engine_stream_at_once(responses_cache_server_factory: Any) -> None:
+    # What steering and a client leaving do: the pipeline closes the backend's generator, and the
+    # engine's HTTP stream must be closed by the time that returns (its request aborted), not
+    # whenever the garbage collector finalizes the generators nested inside.
+    renderer = get_renderer("harmony")
+    engine = FakeVllm(renderer.encoding, ["<|channel|>final<|message|>" + "word " * 200 + "<|return|>"])
+    engine.default = Behaviour(chunk_tokens=1, hang_after=20)
+    transport = _WatchedTransport()
+    backend = _backend(responses_cache_server_factory, engine, template="harmony", transport=transport)
+
+    async def run() -> int:
+        generation = backend.generate(_request(renderer))
+        for _ in range(3):
+            await generation.__anext__()
+        await generation.aclose()
+        open_after_close = transport.open
+        await backend.aclose()
+        return open_after_close
+
+    assert asyncio.run(run()) == 0
