@@ -131,10 +131,10 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
         target_id = until("response.created")["response"]["id"]
         until("response.output_text.delta")
         steer = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Stop. Be brief."}]}]
+        before = target.engine.counters()  # the successor may be prefilled before its first event arrives
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target_id, "input": steer}))
         until("response.steer.accepted")
         steered = until("response.incomplete")["response"]
-        before = target.engine.counters()
         successor = until("response.created")["response"]
         until("response.output_text.delta")  # the successor's prompt is prefilled
         # The engine's counters follow its steps: wait for the successor's prefill to show.
