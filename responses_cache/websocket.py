@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -222,24 +223,28 @@ class _Connection:
             disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
             self.closed = True
-            lifetime.cancel()
-            watchdog.cancel()
-            for task in list(self.turns):
+            helpers = [lifetime, watchdog, *self.turns]
+            for task in helpers:
                 task.cancel()
-            # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
-            await asyncio.gather(lifetime, watchdog, *self.turns, return_exceptions=True)
-            self.session.close()
-            if self.mode.budget is not None:
-                self.mode.budget.forget(self.session)
+            try:
+                # Wait for the cancelled turns (their backends see the cancellation) before
+                # dropping state. Cancelled meanwhile (server shutdown): the state is still freed.
+                await _settle(helpers)
+            except BaseException:
+                writer.cancel()
+                raise
+            finally:
+                self.session.close()
+                if self.mode.budget is not None:
+                    self.mode.budget.forget(self.session)
+                if self._aborted or disconnected:
+                    writer.cancel()  # nobody to flush to
+                    self._discard_outbound()
             if self.session.close_code is not None:
                 close_code = self.session.close_code
-            if disconnected or self._aborted:
-                writer.cancel()  # nobody to flush to
-                self._discard_outbound()
-            else:
+            if not (disconnected or self._aborted):
                 await self.outbound.put(None)  # the writer never stops reading before this
-            with contextlib.suppress(BaseException):
-                await writer
+            await _settle([writer])
             if not disconnected and self._usable:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.ws.close(close_code), self.mode.write_timeout_s)
@@ -417,3 +422,15 @@ class _Connection:
             # What this turn added becomes referenceable on the connection (``item_reference``).
             session.items.add(session.tenant, (*new_items, *state.response.output))
         return state
+
+
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait until ``tasks`` are done and consume their outcomes.
+
+    Unlike ``asyncio.gather``, a cancellation of the *caller* is not routed through the tasks:
+    it reaches the caller as its own (so a cancel scope around the application, as in anyio,
+    recognises it), and the tasks are left to finish their cleanup."""
+    await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
