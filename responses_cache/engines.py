@@ -98,12 +98,17 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+def body_message(body: bytes) -> str:
+    """The human message of an error answer's body: :func:`message_of` its JSON, else its text."""
+    try:
+        return message_of(json.loads(body))
+    except ValueError:
+        return body.decode(errors="replace")[:500]
+
+
 def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
     """The error for a non-200 answer (raise :class:`EngineUnavailable` for retryable ones)."""
-    try:
-        message = message_of(json.loads(body))
-    except ValueError:
-        message = body.decode(errors="replace")[:500]
+    message = body_message(body)
     if status == 429:
         wait = retry_after(headers)
         hint = f" Please retry after {wait:g}s." if wait is not None else " Please retry later."

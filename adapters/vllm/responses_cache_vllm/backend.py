@@ -49,9 +49,9 @@ from responses_cache.engines import (
     RETRYABLE_STATUS,
     EngineUnavailable,
     IncrementalDecoder,
+    body_message,
     finish_error,
     http_error,
-    message_of,
     refusal,
 )
 
@@ -200,10 +200,10 @@ class EngineBackend:
                 self.replicas.mark_down(url)
                 continue
             if response.status_code == 401:
-                raise RuntimeError(f"{url} refused the API key ({_message(response)}): set backend_options.api_key")
+                raise RuntimeError(f"{url} refused the API key ({body_message(response.content)}): set backend_options.api_key")
             if response.status_code not in _NOT_SERVED:
                 return preferred
-            refusal = f"{url}{preferred.path} answered HTTP {response.status_code}: {_message(response)}"
+            refusal = f"{url}{preferred.path} answered HTTP {response.status_code}: {body_message(response.content)}"
             if self.endpoint == "generate":
                 raise RuntimeError(f"{refusal}. {_ENABLE_HINT[self.engine]}, or set endpoint = \"auto\"")
             self._fall_back(refusal)
@@ -548,13 +548,6 @@ class EngineBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return message_of(response.json())
-    except ValueError:
-        return response.text[:200]
 
 
 #: The name used before SGLang's tokens-in route and fail-over were added.
