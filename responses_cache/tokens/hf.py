@@ -59,7 +59,7 @@ from __future__ import annotations
 import hashlib
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -98,6 +98,30 @@ _END_TOKENS = (
 )
 #: Windows of the old text searched for its last added token (then all of it).
 _WINDOWS = (2048, 65536)
+#: A window is reused while it holds at most this many times the old items a new one would.
+_REUSE = 2
+
+
+def _literals_pattern(words: Collection[str]) -> str:
+    """A regular expression matching the longest of ``words`` that starts at a position (what an
+    alternation of the words, longest first, matches), written as a trie so that ``re`` tries
+    only the words that share the text's next character: a model's hundreds of added tokens cost
+    one branch per character, not one comparison per token."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = "(?:" + "|".join(branches) + ")"
+        return body + "?" if "" in node else body  # greedy: the longer word first
+
+    return pattern(trie) or "(?!)"
 
 
 def _starts_group(item: Item | None, before: object) -> bool:
@@ -258,9 +282,9 @@ class HFRenderer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         decoder = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in decoder.items()}
-        longest_first = sorted(self._added, key=len, reverse=True)
-        self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
-        self._added_end_re = re.compile("(?:" + "|".join(map(re.escape, longest_first)) + ")$" if longest_first else "(?!)")
+        added_pattern = _literals_pattern(self._added)
+        self._added_re = re.compile(added_pattern)
+        self._added_end_re = re.compile(f"(?:{added_pattern})$")
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
@@ -656,7 +680,7 @@ class HFRenderer:
         # The previous window, when it reaches at least as far back, is still a window start
         # under this turn's rule and is not too long: reuse it.
         reused = tip.window[0] if tip.window is not None else None
-        if reused is not None and reused <= cur.index and node.index - reused < 2 * len(tail):
+        if reused is not None and reused <= cur.index and node.index - reused < _REUSE * len(tail):
             extra: list[Node] = []
             back = cur.parent
             while back is not None and back.index >= reused:
