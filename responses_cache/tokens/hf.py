@@ -12,14 +12,20 @@ a long history every turn would cost O(messages). Each turn instead:
 * **renders a window**: the template runs over the *head* (the items up to and including the first
   user message, with the instructions and tools) and the last ``window`` or more items, from a
   message-group start (a user or system message, the first assistant item or tool output after
-  other items) -- once without the new items, once with them, once with the generation prompt.
+  other items) -- once with the new items; the same run gives the text with the generation prompt
+  when the template's only use of ``add_generation_prompt`` is its final ``{% if %}`` block
+  (checked on its syntax tree, :class:`~.hf_files.ChatTemplate`; otherwise it runs twice).
   When the new items hold a message (a user turn, an answer), the window starts at the last user
   message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
   analysis); a tool step (outputs, reasoning, calls) needs only the last few items;
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
   the log's text, and adding the new items must only append to it; otherwise (a short
   conversation, a template that rewrites, a window that renders the old items differently) the
-  template runs over the whole conversation, exactly as ``apply_chat_template`` would;
+  template runs over the whole conversation, exactly as ``apply_chat_template`` would. The text
+  of the window without the new items is known when the previous turn used the same window (its
+  certificate, kept on the log as the window's start and length): the window is kept while it
+  still satisfies this turn's rule and holds at most twice the items a fresh one would, so a tool
+  step runs the template once, not also over the old window;
 * **tokenizes only the new text**, starting at the last added token (special or not) of the old
   text: the tokenizer splits added tokens out before anything else, so nothing merges across
   that boundary; the few tokens between it and the end of the old text are re-encoded and must
