@@ -1,19 +1,26 @@
-"""Per-turn cost of the ``hf`` renderer against history length, next to the harmony path and the
-engine's own path.
+"""Per-turn cost of the ``hf`` renderer against history length, side by side with the harmony path
+and the engine's own path.
 
 For each model family (the test assets of ``tests/tokens/hf_assets.py``, or ``--model DIR``), an
 agent history (user task, then reasoning + shell call + output per step) is grown to ~10k, ~50k
-and ~100k tokens; one new turn (the pending call's output, the next reasoning + call) is then timed
-three ways:
+and ~100k tokens; then ``--turns`` consecutive turns (the pending call's output, the next
+reasoning + call) are timed, each on the log the previous one returned, and reported per turn:
 
 * ``hf``       -- ``extend`` (render + tokenize the new items) with the model's template and
-  tokenizer (this project); ``hf+prompt`` adds materializing the prompt ids (an O(history) copy);
+  tokenizer (this project);
 * ``harmony``  -- the same on the harmony renderer, same items;
+* ``encode``   -- the floor under ``hf``: the model's ``tokenizers`` tokenizer encoding just the
+  text each turn added (what any exact renderer must tokenize), no template;
 * ``engine``   -- ``transformers.apply_chat_template(..., tokenize=True)`` of the whole
-  conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn.
+  conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn;
+  ``engine / hf`` compares it with ``extend`` + ``prompt`` (materializing the prompt ids).
 
-    python benchmarks/hf_render.py                       # every test family, 10k/50k/100k
-    python benchmarks/hf_render.py --model ~/models/Qwen3-8B --repeat 7
+The three paths are timed interleaved (hf, harmony, encode, engine, then again), ``--repeat``
+rounds, medians; CPU time of this process (``time.process_time``), so that time the process
+spends waiting for a core on a shared machine is not counted.
+
+    python -m benchmarks.hf_render --repeat 7            # every test family, 10k/50k/100k
+    python -m benchmarks.hf_render --model ~/models/Qwen3-8B --repeat 7
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from responses_cache.protocol.items import Item, Message
 from responses_cache.protocol.tools import ToolSet, parse_tools
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf_messages import chat_messages, chat_tools
+from responses_cache.tokens.log import TokenLog
 
 TOOLS = parse_tools(
     b'[{"type": "function", "name": "shell", "description": "Run a command.",'
@@ -51,36 +59,97 @@ def history(r: Any, tools: ToolSet, target: int) -> tuple[list[Item], Any]:
     return [*items, *new], r.extend(log, new)
 
 
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
+def turns_after(items: list[Item], n: int) -> list[list[Item]]:
+    """``n`` consecutive turns after ``items``: output of the pending call, next reasoning + call."""
+    out: list[list[Item]] = []
+    grown = list(items)
+    for _ in range(n):
+        turn = new_turn_for(grown)
+        out.append(turn)
+        grown += turn
+    return out
+
+
+def run_turns(r: Any, log: TokenLog, turns: list[list[Item]], prompt: bool = False) -> TokenLog:
+    for turn in turns:
+        log = r.extend(log, turn)
+        if prompt:
+            r.prompt(log)
+    return log
+
+
+def added_texts(r: Any, log: TokenLog, n: int) -> list[str]:
+    """The text each of the last ``n`` turns of an ``hf`` log added (its first node holds it)."""
+    texts: list[str] = []
+    node = log._node
+    while len(texts) < n and node is not None:
+        text = r._piece(node).text
+        if text:
+            texts.append(text)
+        node = node.parent
+    return texts[::-1]
+
+
+def cpu(fn: Callable[[], object]) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+def measure(
+    r: Any,
+    log: TokenLog,
+    turns: list[list[Item]],
+    harmony: Any,
+    h_log: TokenLog,
+    h_turns: list[list[Item]],
+    texts: list[str],
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    repeat: int,
+) -> dict[str, float]:
+    """Median CPU ms per turn of each path, timed interleaved."""
+    n = len(turns)
+    tools = chat_tools(TOOLS)
+    cells: dict[str, list[float]] = {k: [] for k in ("hf", "harmony", "encode", "hf+p", "harmony+p", "engine")}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cells["hf"].append(cpu(lambda: run_turns(r, log, turns)) / n)
+        cells["harmony"].append(cpu(lambda: run_turns(harmony, h_log, h_turns)) / n)
+        cells["encode"].append(cpu(lambda: [r._encode(t) for t in texts]) / n)
+        cells["hf+p"].append(cpu(lambda: run_turns(r, log, turns, prompt=True)) / n)
+        cells["harmony+p"].append(cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n)
+        if tokenizer is not None:
+            cells["engine"].append(cpu(lambda: tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )))
+    return {k: statistics.median(v) * 1e3 if v else float("nan") for k, v in cells.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", help="a model directory (default: the test families)")
     ap.add_argument("--sizes", default="10000,50000,100000")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="timed rounds per cell (median)")
+    ap.add_argument("--turns", type=int, default=6, help="consecutive turns per round")
+    ap.add_argument("--window", type=int, default=8, help="the hf renderer's window (0: none)")
     ap.add_argument("--no-engine", action="store_true", help="skip the transformers baseline")
     args = ap.parse_args()
     models: dict[str, pathlib.Path] = {}
     if args.model:
         models = {pathlib.Path(m).name: pathlib.Path(m).expanduser() for m in args.model}
     else:
-        from tests.tokens.hf_assets import FAMILIES, build_tokenizer_dir
+        from tests.tokens.hf_assets import FAMILIES, available, build_tokenizer_dir
 
         root = pathlib.Path(tempfile.mkdtemp(prefix="hf-bench-"))
-        models = {f: build_tokenizer_dir(f, root / f) for f in FAMILIES}
+        models = {f: build_tokenizer_dir(f, root / f) for f in FAMILIES if available(f)}
     harmony = get_renderer("harmony")
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'model':10} {'history':>8} {'hf ms':>8} {'harmony ms':>10} {'hf/harm':>8} "
-          f"{'hf+prompt':>10} {'harm+prompt':>11} {'engine ms':>10} {'engine/hf':>9}")
+    n = args.turns
+    print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms\n")
+    print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} "
+          f"{'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
     for name, path in models.items():
-        r = get_renderer(f"hf:{path}")
+        r = get_renderer(f"hf:{path}", window=args.window or None)
         tokenizer = None
         if not args.no_engine:
             from transformers import AutoTokenizer
@@ -89,29 +158,22 @@ def main() -> None:
         per_size = []
         for size in sizes:
             items, log = history(r, TOOLS, size)
-            turn = new_turn_for(items)
-            hf_s = best(lambda r=r, log=log, turn=turn: r.extend(log, turn), args.repeat)
-            hf_prompt_s = best(lambda r=r, log=log, turn=turn: r.prompt(r.extend(log, turn)), args.repeat)
+            turns = turns_after(items, n)
             h_items, h_log = history(harmony, TOOLS, size)
-            h_turn = new_turn_for(h_items)
-            harmony_s = best(lambda h_log=h_log, h_turn=h_turn: harmony.extend(h_log, h_turn), args.repeat)
-            harmony_prompt_s = best(lambda h_log=h_log, h_turn=h_turn: harmony.prompt(harmony.extend(h_log, h_turn)), args.repeat)
-            engine = ""
-            ratio = ""
-            if tokenizer is not None:
-                messages = chat_messages(INSTRUCTIONS, [*items, *turn])
-                tools = chat_tools(TOOLS)
-                engine_s = best(
-                    lambda messages=messages, tools=tools, tokenizer=tokenizer: tokenizer.apply_chat_template(
-                        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-                    ),
-                    args.repeat,
-                )
-                engine, ratio = f"{engine_s * 1e3:10.2f}", f"{engine_s / hf_prompt_s:9.1f}"
-            per_size.append(hf_s)
-            print(f"{name:10} {log.num_tokens:8d} {hf_s * 1e3:8.2f} {harmony_s * 1e3:10.2f} {hf_s / harmony_s:8.2f} "
-                  f"{hf_prompt_s * 1e3:10.2f} {harmony_prompt_s * 1e3:11.2f} {engine:>10} {ratio:>9}")
-        print(f"{name:10} flatness (largest / smallest history): {per_size[-1] / per_size[0]:.2f}")
+            h_turns = turns_after(h_items, n)
+            texts = added_texts(r, run_turns(r, log, turns), n)
+            runs0 = r.stats.template_runs
+            run_turns(r, log, turns)
+            runs = (r.stats.template_runs - runs0) / n
+            messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
+            med = measure(r, log, turns, harmony, h_log, h_turns, texts, tokenizer, messages, args.repeat)
+            engine = f"{med['engine']:8.2f}" if tokenizer is not None else ""
+            ratio = f"{med['engine'] / med['hf+p']:8.0f}x" if tokenizer is not None else ""
+            per_size.append(med["hf"])
+            print(f"{name:11} {log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
+                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
+                  f"{engine:>8} {ratio:>9} {runs:9.2f}")
+        print(f"{name:11} flatness (hf at the largest / smallest history): {per_size[-1] / per_size[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,9 @@ class RenderStats:
     window_misses: int = 0
     #: ...and turns rendered by running the template over the whole conversation.
     full_renders: int = 0
+    #: ``hf``: runs of the chat template (a windowed turn runs it once when the window of the
+    #: previous turn is reused and the generation prompt is the template's final block).
+    template_runs: int = 0
 
 
 @runtime_checkable

@@ -12,14 +12,20 @@ a long history every turn would cost O(messages). Each turn instead:
 * **renders a window**: the template runs over the *head* (the items up to and including the first
   user message, with the instructions and tools) and the last ``window`` or more items, from a
   message-group start (a user or system message, the first assistant item or tool output after
-  other items) -- once without the new items, once with them, once with the generation prompt.
+  other items) -- once with the new items; the same run gives the text with the generation prompt
+  when the template's only use of ``add_generation_prompt`` is its final ``{% if %}`` block
+  (checked on its syntax tree, :class:`~.hf_files.ChatTemplate`; otherwise it runs twice).
   When the new items hold a message (a user turn, an answer), the window starts at the last user
   message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
   analysis); a tool step (outputs, reasoning, calls) needs only the last few items;
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
   the log's text, and adding the new items must only append to it; otherwise (a short
   conversation, a template that rewrites, a window that renders the old items differently) the
-  template runs over the whole conversation, exactly as ``apply_chat_template`` would;
+  template runs over the whole conversation, exactly as ``apply_chat_template`` would. The text
+  of the window without the new items is known when the previous turn used the same window (its
+  certificate, kept on the log as the window's start and length): the window is kept while it
+  still satisfies this turn's rule and holds at most twice the items a fresh one would, so a tool
+  step runs the template once, not also over the old window;
 * **tokenizes only the new text**, starting at the last added token (special or not) of the old
   text: the tokenizer splits added tokens out before anything else, so nothing merges across
   that boundary; the few tokens between it and the end of the old text are re-encoded and must
@@ -59,7 +65,7 @@ from __future__ import annotations
 import hashlib
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -98,6 +104,30 @@ _END_TOKENS = (
 )
 #: Windows of the old text searched for its last added token (then all of it).
 _WINDOWS = (2048, 65536)
+#: A window is reused while it holds at most this many times the old items a new one would.
+_REUSE = 2
+
+
+def _literals_pattern(words: Collection[str]) -> str:
+    """A regular expression matching the longest of ``words`` that starts at a position (what an
+    alternation of the words, longest first, matches), written as a trie so that ``re`` tries
+    only the words that share the text's next character: a model's hundreds of added tokens cost
+    one branch per character, not one comparison per token."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = "(?:" + "|".join(branches) + ")"
+        return body + "?" if "" in node else body  # greedy: the longer word first
+
+    return pattern(trie) or "(?!)"
 
 
 def _starts_group(item: Item | None, before: object) -> bool:
@@ -143,6 +173,12 @@ class _Piece:
     gen: array[int] | None = None
     #: Set when the template's prompt is not "log + generation prompt": the whole prompt.
     whole_prompt: array[int] | None = None
+    #: On the last node of a turn taken by the window path: the index of the first item of its
+    #: window and the length of the window's text after the head's, a certified fact -- the
+    #: template's text for the head and the items from that index to this node is the head's text
+    #: followed by the last that-many characters of the log's text -- so the next turn can reuse
+    #: the window without running the template over it again.
+    window: tuple[int, int] | None = None
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -252,9 +288,9 @@ class HFRenderer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         decoder = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in decoder.items()}
-        longest_first = sorted(self._added, key=len, reverse=True)
-        self._added_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
-        self._added_end_re = re.compile("(?:" + "|".join(map(re.escape, longest_first)) + ")$" if longest_first else "(?!)")
+        added_pattern = _literals_pattern(self._added)
+        self._added_re = re.compile(added_pattern)
+        self._added_end_re = re.compile(f"(?:{added_pattern})$")
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
@@ -388,21 +424,34 @@ class HFRenderer:
         """The request's tools as the template (and an engine's chat endpoint) sees them."""
         return chat_tools(tools)
 
+    def _variables(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        return {**self._template_tokens, **self.template_kwargs, "messages": template_view(messages), "tools": tools, "documents": None}
+
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
         import jinja2
 
-        kwargs = {**self._template_tokens, **self.template_kwargs}
+        self._stats.template_runs += 1
         try:
-            return self._template.render(
-                messages=template_view(messages), tools=tools, documents=None, add_generation_prompt=gen, **kwargs
-            )
+            return self._template.render(gen, self._variables(messages, tools))
         except jinja2.exceptions.TemplateError as exc:
             raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=at, param="type") from None
 
+    def _render_pair(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[str, str]:
+        """The template's text without and with the generation prompt (one run of the template
+        when its structure allows, see :class:`~.hf_files.ChatTemplate`)."""
+        import jinja2
+
+        self._stats.template_runs += 1 if self._template.one_run else 2
+        try:
+            return self._template.render_pair(self._variables(messages, tools))
+        except jinja2.exceptions.TemplateError as exc:
+            raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=0, param="type") from None
+
     def _encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # ``encode_batch_fast``: the same ids as ``encode``, without computing character offsets.
+        ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
         self._stats.tokens_encoded += len(ids)
-        return list(ids)
+        return ids
 
     def _tokens_after(self, old: str, new: str, *, whole: bool = True) -> list[int] | None:
         """The tokens ``new`` adds when the text ``old`` (already tokenized) is followed by it, or
@@ -461,8 +510,7 @@ class HFRenderer:
     def _typical_generation_prompt(self) -> array[int]:
         messages = [{"role": "user", "content": "x"}]
         try:
-            text = self._render(messages, None, False)
-            full = self._render(messages, None, True)
+            text, full = self._render_pair(messages, None)
         except RenderError:
             return array("I")
         _, gen, _ = self._generation(text, full)
@@ -476,8 +524,7 @@ class HFRenderer:
         piece = _Piece(None, "", header)
         seg = array("I")
         try:
-            text = self._render(messages, header.tools, False)
-            prompt_text = self._render(messages, header.tools, True)
+            text, prompt_text = self._render_pair(messages, header.tools)
         except RenderError:
             pass
         else:
@@ -546,8 +593,7 @@ class HFRenderer:
         old_text = "".join(p.text for p in pieces)
         all_items = [*old_items, *items]
         messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
-        text = self._render(messages, header.tools, False)
-        prompt_text = self._render(messages, header.tools, True)
+        text, prompt_text = self._render_pair(messages, header.tools)
         self._stats.full_renders += 1
         if text.startswith(old_text):
             added = text[len(old_text) :]
@@ -603,7 +649,13 @@ class HFRenderer:
         """The fast path: run the template over the head (the items up to the first user message)
         and the last ``window``-or-more items, starting at a user message. The window is
         *certified* -- its text for the old items must equal the end of the log's text, and adding
-        the new items must only append -- else None (the whole conversation is rendered)."""
+        the new items must only append -- else None (the whole conversation is rendered).
+
+        The previous turn's window is reused while it satisfies this turn's rule (it starts no later
+        than this turn's window would, at a window start) and holds at most twice as many old items
+        as this turn's window would: its text for the old items is then known (the certificate of
+        the previous turn, ``_Piece.window``), and the template runs once, over the window and the
+        new items, instead of also over the window alone."""
         assert self.window is not None
         tip = self._piece(node)
         head, header = tip.head, tip.header
@@ -613,21 +665,40 @@ class HFRenderer:
         # since the last user message (Qwen3 drops that reasoning, gpt-oss its analysis): then the
         # window reaches back to that user message, so a rewrite shows inside it.
         to_user = any(isinstance(item, Message) for item in items)
+
+        def starts_window(cur: Node) -> bool:
+            item = self._piece(cur).item
+            return (
+                cur.parent is not None
+                and _starts_group(item, cur.parent.data)
+                and (not to_user or (isinstance(item, Message) and item.role == "user"))
+            )
+
         tail: list[Node] = []
         cur: Node | None = node
         while cur is not None and cur.index >= len(head):
             tail.append(cur)
-            item = self._piece(cur).item
-            if (
-                len(tail) >= self.window
-                and cur.parent is not None
-                and _starts_group(item, cur.parent.data)
-                and (not to_user or (isinstance(item, Message) and item.role == "user"))
-            ):
+            if len(tail) >= self.window and starts_window(cur):
                 break
             cur = cur.parent
         else:
             return None  # the conversation is still short: render all of it
+        # The previous window, when it reaches at least as far back, is still a window start
+        # under this turn's rule and is not too long: reuse it.
+        reused = tip.window[0] if tip.window is not None else None
+        if reused is not None and reused <= cur.index and node.index - reused < _REUSE * len(tail):
+            extra: list[Node] = []
+            back = cur.parent
+            while back is not None and back.index >= reused:
+                extra.append(back)
+                back = back.parent
+            first = extra[-1] if extra else cur
+            if first.index == reused and starts_window(first):
+                tail += extra
+            else:
+                reused = None
+        else:
+            reused = None
         tail.reverse()
         tail_items: list[Item] = [self._piece(n).item for n in tail]  # type: ignore[misc]
         window = [*head, *tail_items]
@@ -635,22 +706,27 @@ class HFRenderer:
         def lookup(call_id: str) -> str | None:
             return find_call(node, call_id)
 
-        old_messages = chat_messages(header.instructions, window, calls=lookup)
         new_messages = chat_messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
         try:
-            before = self._render(old_messages, header.tools, False)
-            after = self._render(new_messages, header.tools, False)
-            prompt_text = self._render(new_messages, header.tools, True)
+            old_tail, whole = "", False
+            if reused is not None and tip.window is not None:
+                old_tail, whole = self._tail_text(node, tip.window[1] + _WINDOWS[0])
+                before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
+                assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
+            else:
+                before = self._render(chat_messages(header.instructions, window, calls=lookup), header.tools, False)
+            after, prompt_text = self._render_pair(new_messages, header.tools)
         except RenderError:
             return None  # e.g. a template checking alternation by position: render all
         self._stats.window_renders += 1
         if not before.startswith(tip.head_text) or not after.startswith(before):
             return None
         recent = before[len(tip.head_text) :]
-        old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
-        if not old_tail.endswith(recent):
-            self._stats.window_misses += 1
-            return None
+        if reused is None:
+            old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
+            if not old_tail.endswith(recent):
+                self._stats.window_misses += 1
+                return None
         added = after[len(before) :]
         ids = self._tokens_after(old_tail, added, whole=whole)
         if ids is None:
@@ -659,7 +735,7 @@ class HFRenderer:
         gen = self._generation(old_tail + added, old_tail + prompt_text[len(before) :], whole=whole) if prompt_text.startswith(before) else None
         if gen is None or gen[1] is None:
             return None
-        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen)
+        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, (tail[0].index, len(recent) + len(added)))
 
     def _tail_text(self, node: Node, chars: int) -> tuple[str, bool]:
         """The end of the log's text, at least ``chars`` long (or all of it: then True)."""
@@ -700,9 +776,10 @@ class HFRenderer:
         text: str,
         seg: array[int],
         gen: tuple[str | None, array[int] | None, array[int] | None],
+        window: tuple[int, int] | None = None,
     ) -> TokenLog:
         """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
-        ``JOINED``; the last one holds the generation prompt ``gen``."""
+        ``JOINED``; the last one holds the generation prompt ``gen`` (and ``window``)."""
         ctx = node.ctx
         parent = self._piece(node)
         header = parent.header
@@ -717,6 +794,7 @@ class HFRenderer:
             piece = _Piece(item, text if k == 0 else "", header, head, head_text)
             if k == last:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen
+                piece.window = window
             node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
         return TokenLog(node)
 

@@ -11,7 +11,9 @@ the template sees (``bos_token``, ``eos_token``…) and the end-of-turn ids
 a sandboxed jinja2 environment with ``trim_blocks``/``lstrip_blocks``, the loop-controls
 extension, the ``{% generation %}`` tag, a ``tojson`` filter that keeps non-ASCII text and takes
 ``indent``/``separators``/``sort_keys``, and the globals ``raise_exception``, ``strftime_now``,
-``dict`` and ``namespace`` (which refuses underscore-prefixed attributes).
+``dict`` and ``namespace`` (which refuses underscore-prefixed attributes). The result, a
+:class:`ChatTemplate`, gives the text with and without the generation prompt from one run of the
+template when its syntax tree shows that the generation prompt can only be appended at the end.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .errors import VocabularyError
 
 if TYPE_CHECKING:
     import jinja2
+    import jinja2.nodes
     from tokenizers import Tokenizer
 
 #: The special-token attributes ``apply_chat_template`` hands the template.
@@ -181,7 +184,76 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def compile_template(source: str) -> jinja2.Template:
+#: The variable a template's final generation-prompt block is captured in (see :class:`ChatTemplate`).
+_CAPTURE = "responses_cache_generation_prompt"
+_GENERATION = "add_generation_prompt"
+
+
+def _final_generation_block(tree: jinja2.nodes.Template) -> bool:
+    """Whether ``add_generation_prompt`` is read only by the template's last top-level statement,
+    an ``{% if add_generation_prompt [and …] %}`` without ``elif``/``else``: then the text with the
+    generation prompt is the text without it plus what that block outputs (with the flag false,
+    the test short-circuits to false and the block outputs nothing; nothing earlier reads it)."""
+    import jinja2.nodes as n
+
+    uses = [node for node in tree.find_all(n.Name) if node.name == _GENERATION]
+    if not uses or not tree.body:
+        return False
+    last = tree.body[-1]
+    if not isinstance(last, n.If) or last.elif_ or last.else_:
+        return False
+    if sum(1 for node in last.find_all(n.Name) if node.name == _GENERATION) != len(uses):
+        return False
+    test = last.test
+    while isinstance(test, n.And):
+        test = test.left
+    return isinstance(test, n.Name) and test.name == _GENERATION
+
+
+class ChatTemplate:
+    """A compiled chat template. :meth:`render` runs it as ``apply_chat_template`` does;
+    :meth:`render_pair` gives the text without and with the generation prompt -- from one run when
+    the template does not read ``add_generation_prompt`` at all, or reads it only in a final
+    ``{% if add_generation_prompt [and …] %}`` block (checked on the syntax tree, see
+    :func:`_final_generation_block`): that block's output is captured in a variable instead of the
+    text. Any other template is run twice."""
+
+    def __init__(self, env: jinja2.Environment, source: str) -> None:
+        import jinja2.nodes as n
+
+        self.template = env.from_string(source)
+        tree = env.parse(source)
+        self.reads_generation_flag = any(node.name == _GENERATION for node in tree.find_all(n.Name))
+        #: The template with its final generation block captured (None: no such block).
+        self._split: jinja2.Template | None = None
+        if _final_generation_block(tree):
+            block = tree.body[-1]
+            capture = n.AssignBlock(n.Name(_CAPTURE, "store"), None, [block]).set_lineno(block.lineno)
+            tree.body[-1] = capture
+            tree.set_environment(env)
+            self._split = env.from_string(tree)
+
+    @property
+    def one_run(self) -> bool:
+        """Whether :meth:`render_pair` runs the template once."""
+        return self._split is not None or not self.reads_generation_flag
+
+    def render(self, add_generation_prompt: bool, variables: dict[str, Any]) -> str:
+        return str(self.template.render(variables, add_generation_prompt=add_generation_prompt))
+
+    def render_pair(self, variables: dict[str, Any]) -> tuple[str, str]:
+        """(the text without the generation prompt, the text with it)."""
+        if self._split is not None:
+            module = self._split.make_module({**variables, _GENERATION: True})
+            text = str(module)
+            return text, text + str(getattr(module, _CAPTURE, ""))
+        if not self.reads_generation_flag:
+            text = self.render(False, variables)
+            return text, text
+        return self.render(False, variables), self.render(True, variables)
+
+
+def compile_template(source: str) -> ChatTemplate:
     """``source`` compiled in a sandboxed environment equivalent to ``apply_chat_template``'s."""
     try:
         import jinja2
@@ -266,6 +338,6 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["dict"] = Dict()
     env.globals["namespace"] = Namespace
     try:
-        return env.from_string(source)
+        return ChatTemplate(env, source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ModelFilesError(f"the chat template does not compile: {exc}") from exc

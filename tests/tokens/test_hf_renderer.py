@@ -10,6 +10,8 @@ from dataclasses import asdict
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from responses_cache.backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from responses_cache.protocol.items import (
@@ -83,6 +85,84 @@ def test_tokens_encoded_per_turn_do_not_grow_with_history(dirs: dict[str, pathli
     else:
         # the overhead is the re-encoded tail before the boundary and the generation prompt
         assert max(costs) <= 64 and r.stats.turns_merged == 0, costs
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_tool_loop_runs_the_template_about_once_per_turn(dirs: dict[str, pathlib.Path], family: str) -> None:
+    """A tool step reuses the previous turn's certified window (no run over the window alone) and
+    gets the generation prompt from the same run: 4 runs per 3 steps (every third step moves the
+    window), not the 3 per step of running it without, with, and with the generation prompt --
+    and every prompt is still the whole conversation's."""
+    if family not in dirs:
+        pytest.skip(f"{FAMILIES[family].package} is not installed")
+    r = hf(dirs, family)
+    reference = hf(dirs, family, window=None)
+    items: list[Item] = [Message(role="user", content="Fix it. " + LOREM)]
+    log = r.extend(r.begin("be careful", TOOLS), items)
+    for k in range(6):  # past the window's size
+        log = r.extend(log, step(k))
+        items += step(k)
+    runs, windowed = r.stats.template_runs, r.stats.window_renders
+    for k in range(6, 18):
+        log = r.extend(log, step(k))
+        items += step(k)
+        assert r.prompt(log) == reference.prompt(reference.render_full("be careful", TOOLS, items))
+    assert r.stats.window_renders - windowed == 12
+    assert r.stats.template_runs - runs <= 16, r.stats
+
+
+@pytest.mark.parametrize(
+    ("source", "one_run"),
+    [
+        # the generation prompt is the final block: one run
+        ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<gen>{% endif %}", True),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}"
+         "{% if add_generation_prompt and messages[-1].role == 'user' %}<gen>{% endif %}", True),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", True),  # no generation prompt at all
+        # anything else runs twice
+        ("{% if add_generation_prompt %}<gen>{% else %}<no>{% endif %}", False),
+        ("{% if add_generation_prompt %}<gen>{% endif %}{{ messages[0].content }}", False),
+        ("{{ add_generation_prompt }}{% if add_generation_prompt %}<gen>{% endif %}", False),
+        ("{% if not add_generation_prompt %}<no>{% endif %}", False),
+        ("{% if messages or add_generation_prompt %}<gen>{% endif %}", False),
+        ("{% set g = add_generation_prompt %}{{ g }}{% if add_generation_prompt %}<gen>{% endif %}", False),
+    ],
+)
+def test_generation_prompt_comes_from_one_run_only_where_the_template_proves_it(source: str, one_run: bool) -> None:
+    from responses_cache.tokens.hf_files import compile_template
+
+    template = compile_template(source)
+    assert template.one_run is one_run
+    for messages in ([{"role": "user", "content": "hi"}], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]):
+        variables: dict[str, Any] = {"messages": messages, "tools": None, "documents": None}
+        assert template.render_pair(variables) == (template.render(False, variables), template.render(True, variables))
+
+
+def test_every_family_template_runs_once_per_turn() -> None:
+    from responses_cache.tokens.hf_files import compile_template
+
+    for family in FAMILIES.values():
+        source = (pathlib.Path(__file__).parent / "hf_templates" / family.template).read_text()
+        assert compile_template(source).one_run, family.template
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(st.text(alphabet="<|>ab｜", min_size=1, max_size=6), min_size=1, max_size=12),
+    text=st.text(alphabet="<|>ab｜x", max_size=40),
+)
+def test_added_tokens_pattern_matches_the_longest_token_like_an_alternation(words: list[str], text: str) -> None:
+    """The trie-shaped pattern finds the same added tokens as an alternation longest first."""
+    import re
+
+    from responses_cache.tokens.hf import _literals_pattern
+
+    flat = re.compile("|".join(map(re.escape, sorted(set(words), key=len, reverse=True))))
+    trie = re.compile(_literals_pattern(words))
+    assert [m.span() for m in trie.finditer(text)] == [m.span() for m in flat.finditer(text)]
+    end_flat, end_trie = re.compile(f"(?:{flat.pattern})$"), re.compile(f"(?:{trie.pattern})$")
+    found, expected = end_trie.search(text), end_flat.search(text)
+    assert (found and found.span()) == (expected and expected.span())
 
 
 def test_rewrite_policy_template_retokenizes_only_on_rewrites(dirs: dict[str, pathlib.Path]) -> None:
