@@ -257,6 +257,8 @@ class RedisResponseStore:
 
     async def listen_cancels(self, on_cancel: Callable[[str, str], None]) -> Callable[[], Awaitable[None]]:
         """Subscribe to the cancel channel (re-subscribing after a connection loss)."""
+        # A cluster client learns the slots first (its pub/sub connects to a channel's node).
+        await self._client.initialize()
         pubsub = self._client.pubsub()
         await pubsub.subscribe(self._cancel_channel)
         decode = msgspec.msgpack.Decoder(tuple[str, str]).decode
