@@ -16,8 +16,8 @@ URL                                                                     client
 Sentinels listen on 26379 by default, cluster nodes on 6379. The user and password are the data
 nodes' (the Sentinels are asked without them). Query options are redis-py's connection options
 (``socket_timeout=5``, ``ssl_ca_certs=/path/ca.pem``, ``ssl_cert_reqs=none``, …), given to every
-connection. A cluster has one database: ``/0`` or none. Percent-encode ``@ : / ,`` in a
-password.
+connection. A cluster has one database: ``/0`` or none, and needs redis-py 8.0 or later (its
+asyncio client's pub/sub). Percent-encode ``@ : / ,`` in a password.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def redis_client(url: str) -> Any:
         return sentinel.master_for(path[0])
     if path and path != ["0"]:
         raise RedisUrlError("a Redis Cluster has database 0 only: redis+cluster://host:port[,host:port…]")
+    if not hasattr(RedisCluster, "pubsub"):  # background cancels travel by pub/sub
+        raise ImportError("a Redis Cluster store needs redis-py 8.0 or later (cluster pub/sub): pip install -U 'redis>=8'")
     nodes = [ClusterNode(host, port) for host, port in split_hosts(netloc, 6379)]
     return RedisCluster(startup_nodes=nodes, **options)
 
