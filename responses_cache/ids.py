@@ -1,9 +1,13 @@
 """Identifiers in OpenAI's style (``resp_…``, ``msg_…``, ``fc_…``, ``call_…``, ``rs_…``).
 
-A response id is ``resp_`` and 32 hex digits. A continuation's id keeps its parent's first
-:data:`CHAIN_TAG_HEX` digits (the **chain tag**) and draws the rest at random, so every response
-of a conversation carries the tag of its first one: a shared store can keep a conversation's keys
-together (one Redis Cluster slot) while different conversations spread out."""
+A conversation's first response id is ``resp_`` and 48 hex digits; each continuation's id keeps
+the first :data:`CHAIN_TAG_HEX` of its parent's (the **chain tag**) and draws the rest at random.
+So every response of a conversation carries the tag of its first one: a shared store keeps a
+conversation's keys together (one Redis Cluster slot) while conversations spread out.
+
+A continuation of an id without a tag (``resp_`` and 32 hex digits, as this server made them
+before chain tags; or any other shape) gets such an untagged id too, so the conversation stays
+where its first responses are."""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ import os
 import re
 
 #: Hex digits of a response id that a continuation inherits from its parent (32 bits: enough to
-#: spread conversations over Redis Cluster's 16,384 slots; 96 random bits remain).
+#: spread conversations over Redis Cluster's 16,384 slots; 160 random bits remain).
 CHAIN_TAG_HEX = 8
 
-_RESPONSE_ID = re.compile(r"resp_[0-9a-f]{32}")
+_TAGGED = re.compile(r"resp_[0-9a-f]{48}")
 
 
 def new_id(prefix: str) -> str:
@@ -22,15 +26,18 @@ def new_id(prefix: str) -> str:
 
 
 def chain_tag(response_id: str) -> str | None:
-    """The chain tag of an id :func:`new_response_id` made (``None`` for an id of another shape:
-    ids written by hand, or by another server)."""
-    if _RESPONSE_ID.fullmatch(response_id):
+    """The chain tag of an id :func:`new_response_id` made (``None`` for an id of another shape)."""
+    if _TAGGED.fullmatch(response_id):
         return response_id[5 : 5 + CHAIN_TAG_HEX]
     return None
 
 
 def new_response_id(previous_response_id: str | None = None) -> str:
-    """A new ``resp_…`` id: with a parent of this shape, one that carries the parent's chain tag."""
-    random = os.urandom(16).hex()
-    tag = chain_tag(previous_response_id) if previous_response_id else None
-    return f"resp_{tag}{random[CHAIN_TAG_HEX:]}" if tag else f"resp_{random}"
+    """A new ``resp_…`` id: a fresh chain tag for a new conversation, the parent's for a
+    continuation (none when the parent has none)."""
+    if previous_response_id is None:
+        return f"resp_{os.urandom(24).hex()}"
+    tag = chain_tag(previous_response_id)
+    if tag is None:
+        return new_id("resp")
+    return f"resp_{tag}{os.urandom(24).hex()[CHAIN_TAG_HEX:]}"

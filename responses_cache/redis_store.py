@@ -8,9 +8,11 @@ parent's id (``p``), the record (``d``: the Response, its turn's input items, in
 tools, as MessagePack) and, optionally, the token-log delta of its turn (``s``). The tenant is
 part of every key, so one tenant can never name another's response. The ``{…}`` hash tag is the
 tenant and the **chain tag** (:func:`responses_cache.ids.chain_tag`: the first hex digits of the
-conversation's first response id, which every continuation's id inherits; empty for ids of another
-shape), so a conversation's keys share one Redis Cluster slot — each script below touches one
-slot — while conversations, even one tenant's, spread over the cluster.
+conversation's first response id, which every continuation's id inherits), so a conversation's
+keys share one Redis Cluster slot — each script below touches one slot — while conversations,
+even one tenant's, spread over the cluster. An id without a chain tag (made before chain tags, or
+written by hand) has the tenant alone as its tag, ``{prefix}{<tenant, hex>}:{response_id}``: the
+keys of conversations stored by earlier versions keep their names.
 
 * **One round trip per hydration**: a server-side script walks the parent ids and returns every
   link's record (and snapshot) at once; writing a response refreshes the expiry of its whole
@@ -166,8 +168,11 @@ class RedisResponseStore:
 
     def _chain_prefix(self, tenant: str, response_id: str) -> str:
         """The prefix of the keys of ``response_id``'s conversation: its hash tag is the tenant
-        and the chain tag."""
-        return f"{self.prefix}{{{tenant.encode().hex()}:{chain_tag(response_id) or ''}}}:"
+        and the conversation's chain tag (only the tenant for an id without one: the layout of
+        the conversations stored before chain tags, which keep their key names)."""
+        tag = chain_tag(response_id)
+        tenant_hex = tenant.encode().hex()
+        return f"{self.prefix}{{{tenant_hex}:{tag}}}:" if tag else f"{self.prefix}{{{tenant_hex}}}:"
 
     async def put(self, stored: StoredResponse) -> None:
         response = msgspec.structs.replace(stored.response, tools=[])  # tools travel once, as bytes

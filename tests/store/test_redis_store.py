@@ -15,7 +15,7 @@ import redis.asyncio.connection
 
 from benchmarks.suite.redisproc import node_clients
 from responses_cache import create_app
-from responses_cache.ids import new_response_id
+from responses_cache.ids import new_id, new_response_id
 from responses_cache.protocol.items import FunctionCall, Message
 from responses_cache.protocol.response import Response, Usage
 from responses_cache.redis_client import redis_client
@@ -33,7 +33,7 @@ TAGS = {"r": "5eed0001", "s": "5eed0002"}
 
 def rid(name: str) -> str:
     """The response id of ``r1``, ``s3``…: ``resp_`` + the conversation's tag + the number."""
-    return f"resp_{TAGS[name[0]]}{int(name[1:]):024x}"
+    return f"resp_{TAGS[name[0]]}{int(name[1:]):040x}"
 
 
 def _stored(tenant: str, rid: str, parent: str | None, text: str = "hi", snapshot: LogDelta | None = None) -> StoredResponse:
@@ -239,3 +239,17 @@ async def test_one_tenants_conversations_spread_over_the_cluster(redis_deploymen
         assert len(sizes) == 3 and all(sizes) and sum(sizes) == 48
     finally:
         await store.aclose()
+
+
+async def test_a_conversation_stored_before_chain_tags_keeps_its_keys_and_continues(
+    store: RedisResponseStore, redis_admin: Any
+) -> None:
+    first, second = new_id("resp"), new_id("resp")  # ids as this server made them before chain tags
+    await store.put(_stored("t", first, None))
+    await store.put(_stored("t", second, first))
+    third = new_response_id(second)
+    assert len(third) == len(second)  # untagged too: it stays with its conversation
+    await store.put(_stored("t", third, second))
+    chain = await store.get_chain("t", third)
+    assert chain is not None and [s.id for s in chain] == [first, second, third]
+    assert redis_admin.exists(f"rc:{{{b't'.hex()}}}:{first}")  # the earlier versions' key name
