@@ -131,11 +131,16 @@ def _store(settings: ServeSettings) -> ResponseStore | None:
     url = settings.store
     if url in ("", "memory"):
         return None
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    from .redis_client import SCHEMES, scheme_of
+
+    if scheme_of(url) in SCHEMES:
         from .redis_store import RedisResponseStore
 
         return RedisResponseStore(url, ttl_s=settings.store_ttl_s, snapshots=settings.store_snapshots)
-    raise ValueError(f"unsupported store {url!r}: use 'memory' or redis://HOST:PORT/DB")
+    raise ValueError(
+        f"unsupported store {url!r}: use 'memory' or a Redis URL "
+        "(redis://, rediss://, unix://, redis+sentinel://, redis+cluster://, rediss+cluster://)"
+    )
 
 
 def _biller(settings: ServeSettings) -> Biller | None:
@@ -220,7 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--billing-queue-size", type=int, metavar="N", help="journaled records kept in memory for delivery (default 10000)"
     )
     serve.add_argument(
-        "--store", metavar="URL", help="memory (default: this process only) or redis://HOST:PORT/DB (shared; redis extra)"
+        "--store", metavar="URL", help="memory (default: this process only) or a Redis URL (shared; redis extra): "
+        "redis[s]://[USER:PASSWORD@]HOST:PORT/DB, redis+sentinel://HOST:PORT[,…]/NAME[/DB], "
+        "redis[s]+cluster://HOST:PORT[,…]"
     )
     serve.add_argument("--hot-cache-bytes", type=int, help="the process-wide hot cache's share of the cache budget")
     serve.set_defaults(func=_serve)

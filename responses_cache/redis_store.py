@@ -1,12 +1,18 @@
 """``RedisResponseStore``: a :class:`~responses_cache.store.ResponseStore` that many processes
-share (Redis or Valkey, through the ``redis`` asyncio client: ``pip install
-'responses-cache[redis]'``).
+share (Redis or Valkey — one server, a Sentinel-managed primary or a Redis Cluster — through the
+``redis`` asyncio client: ``pip install 'responses-cache[redis]'``; the URL forms are
+:mod:`responses_cache.redis_client`'s).
 
-Layout: one hash per response, ``{prefix}{<tenant, hex>}:{response_id}``, with its parent's id
-(``p``), the record (``d``: the Response, its turn's input items, instructions and tools, as
-MessagePack) and, optionally, the token-log delta of its turn (``s``). The tenant is part of every
-key, so one tenant can never name another's response; the ``{…}`` hash tag keeps a tenant's keys
-in one Redis Cluster slot.
+Layout: one hash per response, ``{prefix}{<tenant, hex>:<chain tag>}:{response_id}``, with its
+parent's id (``p``), the record (``d``: the Response, its turn's input items, instructions and
+tools, as MessagePack) and, optionally, the token-log delta of its turn (``s``). The tenant is
+part of every key, so one tenant can never name another's response. The ``{…}`` hash tag is the
+tenant and the **chain tag** (:func:`responses_cache.ids.chain_tag`: the first hex digits of the
+conversation's first response id, which every continuation's id inherits), so a conversation's
+keys share one Redis Cluster slot — each script below touches one slot — while conversations,
+even one tenant's, spread over the cluster. An id without a chain tag (made before chain tags, or
+written by hand) has the tenant alone as its tag, ``{prefix}{<tenant, hex>}:{response_id}``: the
+keys of conversations stored by earlier versions keep their names.
 
 * **One round trip per hydration**: a server-side script walks the parent ids and returns every
   link's record (and snapshot) at once; writing a response refreshes the expiry of its whole
@@ -16,9 +22,10 @@ in one Redis Cluster slot.
   (continuations from it render in full), a chain longer than ``max_chain`` is not hydrated.
 * Store failures surface as :class:`StoreUnavailable` (HTTP 503 / a WebSocket ``error`` event).
 * **Background responses** (:class:`~responses_cache.background.EventRelay`): their events go to
-  a stream per response, ``{prefix}{<tenant>}:ev:{response_id}`` (entry ``0-n`` is event ``n-1``,
-  kept ``events_ttl_s``), read by any process with a blocking ``XREAD``; a cancel is published
-  on the channel ``{prefix}cancel`` to the process that runs the response.
+  a stream per response, ``{prefix}{<tenant>:<chain tag>}:ev:{response_id}`` (entry ``0-n`` is
+  event ``n-1``, kept ``events_ttl_s``), read by any process with a blocking ``XREAD``; a cancel
+  is published on the channel ``{prefix}cancel`` to the process that runs the response (a
+  cluster's nodes pass a publish on to every node).
 """
 
 from __future__ import annotations
@@ -31,21 +38,25 @@ from typing import Any
 
 import msgspec
 
+from .ids import chain_tag
 from .protocol.codec import encode as encode_json
 from .protocol.errors import ResponsesError
 from .protocol.request import decode_input
 from .protocol.response import Response
+from .redis_client import redis_client
 from .store import MAX_CHAIN, StoredResponse
 from .tokens.snapshot import LogDelta
 
 logger = logging.getLogger("responses_cache.redis_store")
 
 try:
-    import redis.asyncio as _redis
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
+
+    #: What a failing server, Sentinel or cluster raises (an unreachable cluster raises
+    #: ``RedisClusterException``, which is not a ``RedisError``).
+    _FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 except ImportError:  # pragma: no cover - the extra is not installed
-    _redis = None  # type: ignore[assignment]
-    RedisError = OSError  # type: ignore[assignment,misc]
+    _FAILURES = (OSError,)
 
 
 class StoreUnavailable(ResponsesError):
@@ -68,7 +79,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _record = msgspec.msgpack.Decoder(_Record)
 _delta = msgspec.msgpack.Decoder(LogDelta)
 
-# KEYS: none (a tenant's keys are derived from ARGV[1], one hash-tagged prefix).
+# KEYS: the response's key (where a cluster client sends the script; every key the script
+# touches is ARGV[1] .. an id: the same hash tag, so the same slot).
 # ARGV: prefix, max links, response id.  Returns {record, snapshot, record, snapshot, ...}
 # newest first, or an empty table when a link is missing or the chain is too long.
 _GET_CHAIN = """
@@ -86,6 +98,7 @@ end
 return out
 """
 
+# KEYS: the response's key (as above).
 # ARGV: prefix, max links, ttl ms, id, parent id ('' for none), record, snapshot ('' for none).
 # Writes the response and pushes the expiry of its ancestors out to the same ttl.
 _PUT = """
@@ -110,9 +123,11 @@ return 1
 
 
 class RedisResponseStore:
-    """``RedisResponseStore("redis://127.0.0.1:6379/0")`` (or ``client=`` an existing
-    ``redis.asyncio.Redis``); close it with :meth:`aclose`. ``snapshots=False`` neither writes
-    nor reads token-log snapshots."""
+    """``RedisResponseStore("redis://127.0.0.1:6379/0")`` (any URL
+    :func:`~responses_cache.redis_client.redis_client` takes: ``rediss://``, ``redis+sentinel://``,
+    ``redis+cluster://``…), or ``client=`` an existing ``redis.asyncio.Redis`` or
+    ``redis.asyncio.RedisCluster``; close it with :meth:`aclose`. ``snapshots=False`` neither
+    writes nor reads token-log snapshots."""
 
     def __init__(
         self,
@@ -130,9 +145,7 @@ class RedisResponseStore:
         #: A client handed in stays its owner's to close; one made here is closed by :meth:`aclose`.
         self._owns_client = client is None
         if client is None:
-            if _redis is None:
-                raise ImportError("RedisResponseStore needs the redis extra: pip install 'responses-cache[redis]'")
-            client = _redis.from_url(url)
+            client = redis_client(url)
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self._client = client
@@ -153,8 +166,13 @@ class RedisResponseStore:
         #: Records or snapshots that could not be decoded (treated as missing).
         self.unreadable = 0
 
-    def _tenant_prefix(self, tenant: str) -> str:
-        return f"{self.prefix}{{{tenant.encode().hex()}}}:"
+    def _chain_prefix(self, tenant: str, response_id: str) -> str:
+        """The prefix of the keys of ``response_id``'s conversation: its hash tag is the tenant
+        and the conversation's chain tag (only the tenant for an id without one: the layout of
+        the conversations stored before chain tags, which keep their key names)."""
+        tag = chain_tag(response_id)
+        tenant_hex = tenant.encode().hex()
+        return f"{self.prefix}{{{tenant_hex}:{tag}}}:" if tag else f"{self.prefix}{{{tenant_hex}}}:"
 
     async def put(self, stored: StoredResponse) -> None:
         response = msgspec.structs.replace(stored.response, tools=[])  # tools travel once, as bytes
@@ -170,20 +188,25 @@ class RedisResponseStore:
             if len(snapshot) > self.max_snapshot_bytes:
                 self.oversized_snapshots += 1
                 snapshot = b""
-        args = [
-            self._tenant_prefix(stored.tenant), self.max_chain, int(self.ttl_s * 1000),
-            stored.id, stored.previous_response_id or "", data, snapshot,
-        ]
-        await self._call(self._put, args)
+        parent = stored.previous_response_id or ""
+        prefix = self._chain_prefix(stored.tenant, stored.id)
+        if parent and self._chain_prefix(stored.tenant, parent) != prefix:
+            raise ValueError(
+                f"response {stored.id!r} does not carry the chain tag of its parent {parent!r}: "
+                "make continuation ids with responses_cache.ids.new_response_id(parent)"
+            )
+        args = [prefix, self.max_chain, int(self.ttl_s * 1000), stored.id, parent, data, snapshot]
+        await self._script(self._put, prefix + stored.id, args)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        raw = await self._call(self._client.hmget, self._tenant_prefix(tenant) + response_id, "d", "s")
+        raw = await self._call(self._client.hmget, self._chain_prefix(tenant, response_id) + response_id, "d", "s")
         if raw[0] is None:
             return None
         return self._decode(tenant, raw[0], raw[1] or b"")
 
     async def get_chain(self, tenant: str, response_id: str) -> list[StoredResponse] | None:
-        raw = await self._call(self._get_chain, [self._tenant_prefix(tenant), self.max_chain, response_id])
+        prefix = self._chain_prefix(tenant, response_id)
+        raw = await self._script(self._get_chain, prefix + response_id, [prefix, self.max_chain, response_id])
         if not raw:
             return None
         chain: list[StoredResponse] = []
@@ -195,15 +218,15 @@ class RedisResponseStore:
         return chain
 
     async def contains(self, tenant: str, response_id: str) -> bool:
-        return bool(await self._call(self._client.exists, self._tenant_prefix(tenant) + response_id))
+        return bool(await self._call(self._client.exists, self._chain_prefix(tenant, response_id) + response_id))
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return bool(await self._call(self._client.delete, self._tenant_prefix(tenant) + response_id))
+        return bool(await self._call(self._client.delete, self._chain_prefix(tenant, response_id) + response_id))
 
     # -- background responses (EventRelay) ---------------------------------------------------
 
     def _events_key(self, tenant: str, response_id: str) -> str:
-        return self._tenant_prefix(tenant) + "ev:" + response_id
+        return self._chain_prefix(tenant, response_id) + "ev:" + response_id
 
     async def append_events(self, tenant: str, response_id: str, first: int, frames: Sequence[tuple[bytes, bytes]]) -> None:
         key = self._events_key(tenant, response_id)
@@ -214,7 +237,7 @@ class RedisResponseStore:
                     pipe.xadd(key, {"t": kind, "d": data}, id=f"0-{n}")
                 pipe.pexpire(key, int(self.events_ttl_s * 1000))
                 await pipe.execute()
-        except RedisError:
+        except _FAILURES:
             logger.exception("the Redis store failed")
             raise StoreUnavailable() from None
 
@@ -239,6 +262,8 @@ class RedisResponseStore:
 
     async def listen_cancels(self, on_cancel: Callable[[str, str], None]) -> Callable[[], Awaitable[None]]:
         """Subscribe to the cancel channel (re-subscribing after a connection loss)."""
+        # A cluster client learns the slots first (its pub/sub connects to a channel's node).
+        await self._client.initialize()
         pubsub = self._client.pubsub()
         await pubsub.subscribe(self._cancel_channel)
         decode = msgspec.msgpack.Decoder(tuple[str, str]).decode
@@ -257,11 +282,11 @@ class RedisResponseStore:
                         except (msgspec.DecodeError, msgspec.ValidationError):
                             continue
                         on_cancel(tenant, response_id)
-                except RedisError:
+                except _FAILURES:
                     logger.exception("lost the cancel channel; subscribing again")
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 5.0)
-                    with contextlib.suppress(RedisError):
+                    with contextlib.suppress(*_FAILURES):
                         await pubsub.aclose()
                         pubsub = self._client.pubsub()
                         await pubsub.subscribe(self._cancel_channel)
@@ -281,13 +306,14 @@ class RedisResponseStore:
         if self._owns_client:
             await self._client.aclose()
 
+    async def _script(self, script: Any, key: str, args: list[Any]) -> Any:
+        return await self._call(lambda: script(keys=[key], args=args))
+
     async def _call(self, fn: Any, *args: Any) -> Any:
         self.round_trips += 1
         try:
-            if fn is self._put or fn is self._get_chain:
-                return await fn(keys=[], args=args[0])
             return await fn(*args)
-        except RedisError:
+        except _FAILURES:
             logger.exception("the Redis store failed")
             raise StoreUnavailable() from None
 

@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 from . import compaction, encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
-from .ids import new_id
+from .ids import new_response_id
 from .logs import current_turn
 from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
@@ -156,7 +156,7 @@ class ResponsesService:
             tenant=tenant,
             transport=transport,
             lane=lane,
-            response_id=new_id("resp"),
+            response_id=new_response_id(request.previous_response_id),
             created_at=time.time(),
             seal_reasoning=seal,
             seal_compaction=self._compaction_sealer(tenant),

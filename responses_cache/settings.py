@@ -119,8 +119,9 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     process_cache_bytes: int = DEFAULT_PROCESS_CACHE_BYTES
     #: The process-wide hot cache's share of ``process_cache_bytes`` (default half; 0: none).
     hot_cache_bytes: int | None = None
-    #: Where ``store: true`` responses go: ``memory`` (this process only) or
-    #: ``redis://HOST:PORT/DB`` (shared by every process; the redis extra).
+    #: Where ``store: true`` responses go: ``memory`` (this process only) or a Redis URL (shared
+    #: by every process; the redis extra): ``redis://``, ``rediss://``, ``unix://``,
+    #: ``redis+sentinel://``, ``redis[s]+cluster://`` (:mod:`responses_cache.redis_client`).
     store: str = "memory"
     #: How long a stored conversation lives after its latest turn (Redis store).
     store_ttl_s: float = 30 * 24 * 3600.0

