@@ -73,7 +73,7 @@ if mode == 'admit' then
     if rpm > 0 then r = r - 1 end
     if conc > 0 then
       redis.call('ZADD', KEYS[2], deadline, lease)
-      redis.call('PEXPIREAT', KEYS[2], deadline)
+      redis.call('PEXPIRE', KEYS[2], math.max(1, tonumber(deadline) - now))
     end
   end
 end
@@ -94,7 +94,7 @@ for i = 5, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[4]) - now))
 return 1
 """
 
