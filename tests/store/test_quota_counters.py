@@ -95,7 +95,9 @@ async def test_one_round_trip_per_turn(shared: tuple[RedisRateLimiter, RedisRate
     quota = Quota(requests_per_minute=10_000, tokens_per_minute=10_000_000, concurrent_responses=100)
     before = one.round_trips
     for turn in range(50):
-        assert (await one.admit("t", quota, f"r{turn}")).allowed
+        decision = await one.admit("t", quota, f"r{turn}")
+        assert decision.allowed
+        assert decision.remaining_tokens == 10_000_000 - turn * 100  # the previous turns' charges arrived with it
         one.finish("t", quota, f"r{turn}", 100)  # travels with the next admission
     assert one.round_trips - before == 50
     for tenant in range(20):
