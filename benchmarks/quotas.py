@@ -2,8 +2,8 @@
 
 Three measurements, in one run:
 
-* **rate accuracy** — 1,000 tenants × 4 connections, each connection running turns back to back
-  (prompt + output of 500–3,500 tokens, generated at 2,000 tokens/s), every tenant limited to
+* **rate accuracy** — 1,000 tenants x 4 connections, each connection running turns back to back
+  (prompt + output of 500-3,500 tokens, generated at 2,000 tokens/s), every tenant limited to
   ``--tpm`` tokens per minute, far below what its connections would use. A refused turn retries
   after its ``Retry-After``. The quota stage and the in-process counters are the real ones; the
   clock is simulated (``--seconds`` of it), so the run takes seconds and the result does not

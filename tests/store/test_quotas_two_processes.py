@@ -105,8 +105,7 @@ def test_quotas_hold_across_two_processes(ports: tuple[int, int]) -> None:
 
     # Open connections: one per tenant, both processes together.
     with connect(f"ws://127.0.0.1:{a}/v1/responses", additional_headers=_auth(CAROL)):
-        with pytest.raises(InvalidStatus) as denied:
-            with connect(f"ws://127.0.0.1:{b}/v1/responses", additional_headers=_auth(CAROL)):
-                pass
+        with pytest.raises(InvalidStatus) as denied, connect(f"ws://127.0.0.1:{b}/v1/responses", additional_headers=_auth(CAROL)):
+            pass
         assert denied.value.response.status_code == 429
         assert "retry-after" in {k.lower() for k in denied.value.response.headers}

@@ -145,9 +145,8 @@ def test_open_connections_refuse_the_upgrade_with_429(responses_cache_server_fac
         with client.responses.connect() as conn:
             conn.response.create(model="sim-1", input="hi", store=False)
             assert _until_end(conn)["type"] == "response.completed"
-            with pytest.raises(Exception) as refused:
-                with client.responses.connect() as second:
-                    second.response.create(model="sim-1", input="hi", store=False)
+            with pytest.raises(Exception) as refused, client.responses.connect() as second:
+                second.response.create(model="sim-1", input="hi", store=False)
             assert "429" in str(refused.value)
         deadline = time.monotonic() + 10
         while limiter.connections("a") and time.monotonic() < deadline:
