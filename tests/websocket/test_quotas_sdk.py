@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
+from wsclient import check_event
 
 from responses_cache import SimulatedConfig, SimulatedEngine
 from responses_cache.backends.base import BackendEvent, GenerationRequest
@@ -67,6 +68,7 @@ def _until_end(conn: Any, lane: str | None = None) -> dict[str, Any]:
 
 
 def _refused(frame: dict[str, Any]) -> dict[str, str]:
+    check_event(frame)  # the SDK's own event type, strictly
     assert frame["type"] == "error" and frame["status"] == 429, frame
     assert frame["error"]["code"] == "rate_limit_exceeded"
     headers: dict[str, str] = frame["headers"]
