@@ -99,8 +99,12 @@ class HTTPApi:
                 except Exception:  # the headers are advice: never fail an answer for them
                     logger.exception("could not read the quota counters")
             if decision is not None:
-                for name, value in rate_limit_headers(decision).items():
-                    response.headers.setdefault(name, value)
+                present = {name for name, _ in response.raw_headers}  # a 429 carries them already
+                response.raw_headers.extend(
+                    (name.encode(), value.encode())
+                    for name, value in rate_limit_headers(decision).items()
+                    if name.encode() not in present
+                )
             return response
 
         return with_headers
