@@ -184,3 +184,30 @@ async def test_a_bad_priority_is_a_400(priority: object) -> None:
     async with _client(app) as client:
         refused = await client.post("/responses", json=_create(priority=priority), headers=A)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+
+
+async def test_a_background_response_holds_its_slot_until_it_ends_and_is_charged() -> None:
+    clock = Clock()
+    backend = HeldBackend()
+    app = _app(Quota(concurrent_responses=1, tokens_per_minute=10_000), clock, backend=backend)
+    async with _client(app) as client:
+        queued = await client.post("/responses", json=_create(background=True), headers=A)
+        assert queued.status_code == 200 and queued.json()["status"] == "queued"
+        await _until(lambda: len(backend.requests) == 1)
+        refused = await client.post("/responses", json=_create(), headers=A)  # the background one runs
+        assert refused.status_code == 429
+        backend.go.release()
+        rid = queued.json()["id"]
+        done: dict[str, Any] = {}
+        for _ in range(1000):
+            done = (await client.get(f"/responses/{rid}", headers=A)).json()
+            if done["status"] == "completed":
+                break
+            await asyncio.sleep(0)
+        assert done["status"] == "completed"
+        used = done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
+        await _until(lambda: app.state.service.core.quotas.limiter.running("a") == 0)
+        status = await client.get("/models", headers=A)
+        assert int(status.headers["x-ratelimit-remaining-tokens"]) == 10_000 - used
+        backend.go.release()
+        assert (await client.post("/responses", json=_create(), headers=A)).status_code == 200
