@@ -42,6 +42,7 @@ from .host import HostScope
 from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
+from .quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
 from .routing import Route, Router, StaticRouter
 from .runtime import Service
 from .session import SessionConfig
@@ -71,11 +72,15 @@ __all__ = [
     "InMemoryMetrics",
     "JsonlSink",
     "Limits",
+    "MemoryRateLimiter",
     "MemoryResponseStore",
     "Metrics",
     "MetricsTee",
     "PrometheusMetrics",
     "Prompt",
+    "Quota",
+    "QuotaConfig",
+    "RateLimiter",
     "ReasoningDelta",
     "Renderer",
     "ResponseStore",

@@ -19,6 +19,7 @@ from .backends.simulated import SimulatedEngine
 from .background import BackgroundRunner
 from .billing import Biller
 from .compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
+from .fairness import FairGate
 from .hot import HotCache
 from .http_api import HTTPApi
 from .lifecycle import Resources
@@ -28,6 +29,7 @@ from .pipeline.hooks import Hook, HookRunner
 from .pipeline.pipeline import Pipeline, UsageSubmitter
 from .pipeline.validate import Limits, Validator
 from .protocol.tools import DEFAULT_TOOL_CACHE_BYTES, tool_cache
+from .quotas import QuotaConfig, Quotas, RateLimiter
 from .routing import Route, Router, StaticRouter
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
@@ -100,6 +102,16 @@ class ServerConfig:
     compaction_max_output_tokens: int = DEFAULT_SUMMARY_TOKENS
     #: Finished background responses whose events are kept in memory for late stream readers.
     background_retain: int = 1024
+    #: Per-tenant quotas (requests and tokens per minute, concurrent responses, connections);
+    #: ``None``: none. See ``docs/limits.md``.
+    quotas: QuotaConfig | None = None
+    #: Where the quota counters live: ``None`` is this process
+    #: (:class:`~responses_cache.quotas.MemoryRateLimiter`); a
+    #: :class:`~responses_cache.redis_quotas.RedisRateLimiter` shares them across processes.
+    rate_limiter: RateLimiter | None = None
+    #: Generations running at once in this process, all tenants together; when they are taken,
+    #: tenants get the freed slots round-robin (``None``: no bound here, the engine queues).
+    engine_slots: int | None = None
 
 
 def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
@@ -164,11 +176,15 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         offload_chars=cfg.offload_chars, tokenizer_threads=cfg.tokenizer_threads,
         partition_prefix_cache=cfg.partition_prefix_cache, truncation_headroom=cfg.truncation_headroom,
         summary_tokens=cfg.compaction_max_output_tokens, tracer=cfg.tracer,
+        engine_gate=FairGate(cfg.engine_slots) if cfg.engine_slots is not None else None,
     )
     if tool_cache.max_bytes != cfg.tool_cache_bytes:
         tool_cache.resize(cfg.tool_cache_bytes)
     backends = router.backends() if isinstance(router, StaticRouter) else [backend]
-    core = ResponsesService(router, pipeline, store, hot=hot, sealer=cfg.sealer, compaction_ttl_s=cfg.compaction_ttl_s)
+    quotas = Quotas(cfg.quotas, cfg.rate_limiter) if cfg.quotas is not None else None
+    core = ResponsesService(
+        router, pipeline, store, hot=hot, sealer=cfg.sealer, compaction_ttl_s=cfg.compaction_ttl_s, quotas=quotas
+    )
     background = BackgroundRunner(core, retain=cfg.background_retain)
     return Service(
         core=core,
@@ -185,7 +201,7 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         # tokenizer handshake) may refuse the start-up.
         # The background runner starts last (it reads the opened billing journal and listens on
         # the store) and closes first (its running responses end while the rest still works).
-        resources=Resources([pipeline, cfg.billing, store if owns_store else None, *backends, *cfg.hooks, background]),
+        resources=Resources([pipeline, cfg.billing, store if owns_store else None, quotas, *backends, *cfg.hooks, background]),
     )
 
 

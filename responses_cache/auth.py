@@ -56,5 +56,9 @@ class BearerKeys:
         return found
 
 
-def _tenant_of(key: str) -> str:
+def tenant_of_key(key: str) -> str:
+    """The tenant :class:`BearerKeys` gives a key listed without a name (``key-`` and a hash prefix)."""
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+_tenant_of = tenant_of_key

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .billing import Biller
     from .metrics import Metrics
+    from .quotas import QuotaConfig, RateLimiter
     from .settings import ServeSettings
     from .store import ResponseStore
     from .tracing import Tracer
@@ -48,6 +49,10 @@ def _serve(args: argparse.Namespace) -> int:
         billing = _biller(settings)
         store = _store(settings)
         sealer = _sealer(settings.sealing_key)
+        quotas = _quotas(settings)
+        if settings.engine_slots is not None and settings.engine_slots < 1:
+            raise ValueError(f"engine_slots must be at least 1, not {settings.engine_slots}")
+        limiter = _rate_limiter(settings) if quotas is not None else None
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
@@ -95,6 +100,9 @@ def _serve(args: argparse.Namespace) -> int:
         compaction_ttl_s=settings.compaction_ttl_s,
         compaction_max_output_tokens=settings.compaction_max_output_tokens,
         sealer=sealer,
+        quotas=quotas,
+        rate_limiter=limiter,
+        engine_slots=settings.engine_slots,
     )
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
@@ -124,6 +132,37 @@ def _sealer(key: str | None) -> Any:
         return Sealer.from_text(key)
     except ValueError:
         raise ValueError("sealing_key: expected 32 random bytes in base64 (the key itself is not shown)") from None
+
+
+def _quotas(settings: ServeSettings) -> QuotaConfig | None:
+    """The ``quotas`` setting as a :class:`QuotaConfig` (``None`` when it is empty): entries named
+    by one of ``api_keys`` apply to that key's tenant, ``"*"`` to every tenant without its own."""
+    if not settings.quotas:
+        return None
+    import msgspec
+
+    from .auth import tenant_of_key
+    from .quotas import UNLIMITED, Quota, QuotaConfig
+
+    keys = set(settings.api_keys)
+    default, tenants = UNLIMITED, {}
+    for name, entry in settings.quotas.items():
+        quota = Quota(**msgspec.structs.asdict(entry))
+        if name == "*":
+            default = quota
+        else:
+            tenants[tenant_of_key(name) if name in keys else name] = quota
+    return QuotaConfig(default, tenants)
+
+
+def _rate_limiter(settings: ServeSettings) -> RateLimiter | None:
+    """The quota counters: in Redis with a Redis ``store`` (shared by every process), else here."""
+    if not settings.store.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    from .redis_quotas import RedisRateLimiter
+
+    lease = settings.lifetime_s + settings.lifetime_grace_s + 60.0
+    return RedisRateLimiter(settings.store, connection_lease_s=lease)
 
 
 def _store(settings: ServeSettings) -> ResponseStore | None:
@@ -180,7 +219,7 @@ _OPTIONS = (
     "backend", "host", "port", "instant", "renderer", "log_level", "prometheus", "otel", "log_json",
     "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_journal", "billing_durability",
     "billing_stop_timeout", "billing_flush_interval", "billing_queue_size", "lifetime_s", "store",
-    "hot_cache_bytes",
+    "hot_cache_bytes", "engine_slots",
 )
 
 
@@ -230,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "redis[s]+cluster://HOST:PORT[,…]"
     )
     serve.add_argument("--hot-cache-bytes", type=int, help="the process-wide hot cache's share of the cache budget")
+    serve.add_argument(
+        "--engine-slots", type=int, metavar="N",
+        help="generations running at once; waiting turns get freed slots round-robin across tenants",
+    )
     serve.set_defaults(func=_serve)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     result: int = args.func(args)

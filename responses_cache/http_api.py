@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
@@ -27,6 +27,7 @@ from .protocol.errors import (
     server_error,
 )
 from .protocol.request import decode_count, decode_create
+from .quotas import Admission, Decision, QuotaExceeded, rate_limit_headers
 from .service import ResponsesService
 from .session import InputBudget
 from .state import ResponseState
@@ -40,7 +41,9 @@ logger = logging.getLogger("responses_cache.http")
 
 
 def error_response(error: ResponsesError) -> HTTPResponse:
-    return HTTPResponse(encode(HTTPErrorBody(error.payload)), status_code=error.status, media_type="application/json")
+    return HTTPResponse(
+        encode(HTTPErrorBody(error.payload)), status_code=error.status, media_type="application/json", headers=error.headers
+    )
 
 
 def json_response(payload: object, status: int = 200) -> HTTPResponse:
@@ -67,16 +70,54 @@ class HTTPApi:
         self.background = background
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
+        limited = self._rate_headers
         return [
-            HTTPRoute(f"{prefix}/responses", self.create, methods=["POST"]),
-            HTTPRoute(f"{prefix}/responses/input_tokens", self.input_tokens, methods=["POST"]),
-            HTTPRoute(f"{prefix}/responses/compact", self.compact, methods=["POST"]),
-            HTTPRoute(f"{prefix}/responses/{{response_id}}", self.retrieve, methods=["GET"]),
-            HTTPRoute(f"{prefix}/responses/{{response_id}}/input_items", self.input_items, methods=["GET"]),
-            HTTPRoute(f"{prefix}/responses/{{response_id}}", self.delete, methods=["DELETE"]),
-            HTTPRoute(f"{prefix}/responses/{{response_id}}/cancel", self.cancel, methods=["POST"]),
-            HTTPRoute(f"{prefix}/models", self.models, methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses", limited(self.create), methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/input_tokens", limited(self.input_tokens), methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/compact", limited(self.compact), methods=["POST"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}", limited(self.retrieve), methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}/input_items", limited(self.input_items), methods=["GET"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}", limited(self.delete), methods=["DELETE"]),
+            HTTPRoute(f"{prefix}/responses/{{response_id}}/cancel", limited(self.cancel), methods=["POST"]),
+            HTTPRoute(f"{prefix}/models", limited(self.models), methods=["GET"]),
         ]
+
+    def _rate_headers(self, handler: Callable[[Request], Awaitable[HTTPResponse]]) -> Callable[[Request], Awaitable[HTTPResponse]]:
+        """``handler`` with the tenant's ``x-ratelimit-*`` headers on its answer: as the request's
+        admission left them (a create), else where the tenant stands now (nothing counted)."""
+        quotas = self.service.quotas
+        if quotas is None:
+            return handler
+
+        async def with_headers(request: Request) -> HTTPResponse:
+            response = await handler(request)
+            decision: Decision | None = getattr(request.state, "rate_limit", None)
+            tenant: str | None = getattr(request.state, "tenant", None)
+            if decision is None and tenant is not None:
+                try:
+                    decision = await quotas.status(tenant)
+                except Exception:  # the headers are advice: never fail an answer for them
+                    logger.exception("could not read the quota counters")
+            if decision is not None:
+                present = {name for name, _ in response.raw_headers}  # a 429 carries them already
+                response.raw_headers.extend(
+                    (name.encode(), value.encode())
+                    for name, value in rate_limit_headers(decision).items()
+                    if name.encode() not in present
+                )
+            return response
+
+        return with_headers
+
+    async def _admit(self, request: Request, tenant: str) -> Admission:
+        """Admit the request under the tenant's quota (429 :class:`QuotaExceeded` otherwise)."""
+        try:
+            admission = await self.service.admit(tenant)
+        except QuotaExceeded as exc:
+            request.state.rate_limit = exc.decision
+            raise
+        request.state.rate_limit = admission.decision
+        return admission
 
     async def _tenant(self, request: Request) -> str:
         try:
@@ -88,6 +129,7 @@ class HTTPApi:
             raise ResponsesError(
                 "Incorrect API key provided.", status=401, code="invalid_api_key", type="invalid_request_error"
             )
+        request.state.tenant = tenant
         return tenant
 
     async def _body(self, request: Request, charge: _Charge) -> bytes:
@@ -124,6 +166,7 @@ class HTTPApi:
     async def _create(self, request: Request, charge: _Charge) -> tuple[HTTPResponse, asyncio.Future[ResponseState] | None]:
         try:
             tenant = await self._tenant(request)
+            charge.admission = await self._admit(request, tenant)
             raw = await self._body(request, charge)
             body = decode_create(raw)
             if len(raw) >= _LARGE_BODY:
@@ -136,12 +179,14 @@ class HTTPApi:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             turn = self.service.prepare(body, tenant, "http")
             turn.trace = trace_headers(request.headers)
+            turn.admission = charge.admission
             route = self.service.router.resolve(turn.model, tenant)
             del raw
             parent = await self.service.parent_of(turn, route)
             if body.background:
                 assert self.background is not None
                 queued = await self.background.submit(turn, parent, route)
+                charge.admission = None  # the background run releases it when it ends
                 if not body.stream:
                     return json_response(queued), None
                 return _BackgroundStream(self.background.events(tenant, turn.response_id, -1)), None
@@ -275,8 +320,10 @@ class HTTPApi:
         charge = _Charge(self.input_budget)
         try:
             tenant = await self._tenant(request)
+            charge.admission = await self._admit(request, tenant)
             body = decode_create(await self._body(request, charge))
-            compacted = await self.service.compact(body, tenant)
+            admission, charge.admission = charge.admission, None
+            compacted = await self.service.compact(body, tenant, admission)
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:
@@ -393,11 +440,13 @@ def _too_large(limit: int) -> ResponsesError:
 
 
 class _Charge:
-    """The bytes one HTTP request has charged to the process-wide input budget."""
+    """The bytes one HTTP request has charged to the process-wide input budget, and its quota
+    admission until a turn takes it over."""
 
     def __init__(self, budget: InputBudget | None) -> None:
         self.budget = budget
         self.held = 0
+        self.admission: Admission | None = None
 
     def take(self, size: int) -> None:
         if self.budget is None:
@@ -413,3 +462,5 @@ class _Charge:
         if self.budget is not None and self.held:
             self.budget.release(self.held)
         self.held = 0
+        if self.admission is not None:  # a turn that ran has released it already (with its usage)
+            self.admission.release()

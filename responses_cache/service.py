@@ -33,6 +33,7 @@ from .protocol.items import Item
 from .protocol.request import CreateResponse, decode_input
 from .protocol.response import CompactedResponse
 from .protocol.tools import parse_tools
+from .quotas import ALLOWED, UNLIMITED, Admission, Quotas
 from .references import ItemIndex, resolve_references
 from .routing import Route, Router
 from .sealing import Sealer
@@ -86,8 +87,11 @@ class ResponsesService:
         hot: HotCache | None = None,
         sealer: Sealer | None = None,
         compaction_ttl_s: float = compaction.DEFAULT_TTL_S,
+        quotas: Quotas | None = None,
     ) -> None:
         self.router = router
+        #: Per-tenant quotas (``None``: none); the edges admit each turn through :meth:`admit`.
+        self.quotas = quotas
         self.pipeline = pipeline
         self.store = store
         #: Hand an unknown ``previous_response_id`` (``store: true``) to this backend instead of
@@ -284,7 +288,7 @@ class ResponsesService:
         parent = await self.parent_of(turn, route)
         return await self.pipeline.count_prompt(turn, parent, route)
 
-    async def compact(self, request: CreateResponse, tenant: str) -> CompactedResponse:
+    async def compact(self, request: CreateResponse, tenant: str, admission: Admission | None = None) -> CompactedResponse:
         """``POST /v1/responses/compact``: the conversation (``input`` after
         ``previous_response_id``'s, found as a create finds it) compacted into its user messages
         and one sealed compaction item (see :meth:`Pipeline.compact`). Needs the server's sealing
@@ -297,18 +301,37 @@ class ResponsesService:
                 "Compaction is not available on this server (it has no sealing key).", "model", "unsupported_value"
             )
         turn = self.prepare(request, tenant, "http")
-        route = self.router.resolve(turn.model, tenant)
-        parent = await self.parent_of(turn, route)
-        ttl = self.compaction_ttl_s
+        turn.admission = admission
+        try:
+            route = self.router.resolve(turn.model, tenant)
+            parent = await self.parent_of(turn, route)
+            ttl = self.compaction_ttl_s
 
-        def seal(summary: str, item_id: str) -> compaction.Compaction:
-            return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id)
+            def seal(summary: str, item_id: str) -> compaction.Compaction:
+                return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id)
 
-        return await self.pipeline.compact(turn, parent, route, seal)
+            return await self.pipeline.compact(turn, parent, route, seal)
+        finally:
+            if admission is not None:
+                admission.release(turn.billed_tokens)
+
+    async def admit(self, tenant: str) -> Admission:
+        """Admit one request of ``tenant`` under its quota, or raise
+        :class:`~responses_cache.quotas.QuotaExceeded` (429). The admission goes on the turn
+        (``turn.admission``); :meth:`run` releases it with what the turn used, and whoever ends
+        the turn before :meth:`run` releases it (releasing twice does nothing)."""
+        if self.quotas is None:
+            return Admission(None, tenant, UNLIMITED, "", ALLOWED)
+        return await self.quotas.admit(tenant, new_id("lease"))
 
     async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
-        """Run a turn; a finished ``store: true`` state stays hot for the next continuation."""
-        state = await self.pipeline.run(turn, parent, route, emit)
+        """Run a turn; a finished ``store: true`` state stays hot for the next continuation. Its
+        quota admission is released when it ends, charged with the tokens billed for it."""
+        try:
+            state = await self.pipeline.run(turn, parent, route, emit)
+        finally:
+            if turn.admission is not None:
+                turn.admission.release(turn.billed_tokens)
         if self.hot is not None and self.store is not None and self.delegate_misses is None:
             self.hot.put(state)
         return state

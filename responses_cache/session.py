@@ -148,6 +148,8 @@ class PendingTurn:
     successor: bool = False
     #: Bytes of the frame it holds (charged to the input budgets until the turn finishes).
     size: int = 0
+    #: Refused before it ran (a quota): its parent stays cached for the client's retry.
+    never_ran: bool = False
 
 
 class SessionState(Enum):
@@ -548,7 +550,7 @@ class Session:
         if ok:
             return
         parent = pending.request.previous_response_id
-        if parent is None:
+        if parent is None or pending.never_ran:
             return
         found = self.cache.find(parent, now)
         if found is not None and found[0] == pending.lane:
@@ -673,7 +675,7 @@ class Session:
         return out
 
     def _error(self, exc: ResponsesError, lane: str | None) -> None:
-        self._outbox.append(ev.ErrorEvent(status=exc.status, error=exc.payload, stream_id=lane))
+        self._outbox.append(ev.ErrorEvent(status=exc.status, error=exc.payload, stream_id=lane, headers=exc.headers))
 
     def _limit_reached(self, lane: str | None = None) -> None:
         self._limit_sent = True

@@ -30,6 +30,15 @@ from .session import SessionConfig
 ENV_PREFIX = "RESPONSES_CACHE_"
 
 
+class QuotaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One entry of the ``quotas`` setting (:class:`~responses_cache.quotas.Quota`'s fields)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_responses: int | None = None
+    connections: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """What ``serve`` bounds every connection by (applied to uvicorn by :mod:`.serving`)."""
@@ -148,6 +157,13 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_connections: int = _LIMITS.max_connections
     ws_ping_interval_s: float = _LIMITS.ws_ping_interval_s
     ws_ping_timeout_s: float = _LIMITS.ws_ping_timeout_s
+    #: Per-tenant quotas, by tenant name, by API key (one of ``api_keys``: that key's tenant), or
+    #: ``"*"`` for every tenant without an entry of its own (docs/limits.md). With a Redis
+    #: ``store`` the counters are kept there, shared by every process.
+    quotas: dict[str, QuotaSettings] = msgspec.field(default_factory=dict)
+    #: Generations running at once in this process; waiting turns get freed slots round-robin
+    #: across tenants (unset: no bound here).
+    engine_slots: int | None = None
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)
@@ -217,7 +233,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             raise SettingsError(f"unknown environment variable {key} (no serve setting {name!r})")
         if name == "api_keys":
             out[key] = {name: [k.strip() for k in raw.split(",") if k.strip()]}
-        elif name == "backend_options":
+        elif name in ("backend_options", "quotas"):
             try:
                 out[key] = {name: json.loads(raw)}
             except ValueError:

@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket
 
 from .budget import CacheBudget
 from .host import HostScope
+from .ids import new_id
 from .metrics import Metrics
 from .protocol import events as ev
 from .protocol.codec import encode
@@ -39,6 +40,7 @@ from .protocol.errors import (
     ResponsesError,
     server_error,
 )
+from .quotas import Admission, QuotaExceeded
 from .routing import RouteCache
 from .runtime import Service
 from .session import InputBudget, PendingTurn, Session, SessionConfig
@@ -137,13 +139,25 @@ class WebSocketMode:
             logger.exception("starting the responses-cache service failed")
             await _deny(websocket, server_error())
             return
-        await websocket.accept()
-        connection = _Connection(self, websocket, tenant, send)
-        self.connections += 1
+        quotas = self.service.core.quotas
+        lease = new_id("conn")
+        if quotas is not None:
+            try:
+                await quotas.connect(tenant, lease)  # the tenant's open-connections quota
+            except ResponsesError as exc:
+                await _deny(websocket, exc)
+                return
         try:
-            await connection.run()
+            await websocket.accept()
+            connection = _Connection(self, websocket, tenant, send)
+            self.connections += 1
+            try:
+                await connection.run()
+            finally:
+                self.connections -= 1
         finally:
-            self.connections -= 1
+            if quotas is not None:
+                quotas.disconnect(tenant, lease)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app's lifespan with the service inside it: started after the app's own
@@ -178,7 +192,9 @@ class WebSocketMode:
 async def _deny(websocket: WebSocket, error: ResponsesError) -> None:
     """Refuse the upgrade with an HTTP error response carrying the OpenAI error envelope."""
     body = encode(HTTPErrorBody(error.payload))
-    await websocket.send_denial_response(HTTPResponse(body, status_code=error.status, media_type="application/json"))
+    await websocket.send_denial_response(
+        HTTPResponse(body, status_code=error.status, media_type="application/json", headers=error.headers)
+    )
 
 
 class _Connection:
@@ -390,6 +406,7 @@ class _Connection:
         try:
             state = await self._run(pending)
         except ResponsesError as exc:
+            pending.never_ran = isinstance(exc, QuotaExceeded)
             self.session.rejected(pending, exc)
         except asyncio.CancelledError:
             raise
@@ -407,7 +424,16 @@ class _Connection:
 
     async def _run(self, pending: PendingTurn) -> ResponseState:
         service, session = self.service, self.session
+        admission = await service.admit(session.tenant)  # 429 rate_limit_exceeded: an error event
+        try:
+            return await self._run_admitted(pending, admission)
+        finally:
+            admission.release()  # a turn that ran has released it already, with its usage
+
+    async def _run_admitted(self, pending: PendingTurn, admission: Admission) -> ResponseState:
+        service, session = self.service, self.session
         turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
+        turn.admission = admission
         turn.headers = self.credentials
         turn.trace = self.trace
         turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)

@@ -29,6 +29,8 @@ PUBLIC = {
     "Biller", "BillingSink", "CallableSink", "JsonlSink", "SqliteSink", "WebhookSink", "UsageRecord",
     "ResponseStore", "MemoryResponseStore", "StoredResponse", "Metrics", "InMemoryMetrics", "PrometheusMetrics",
     "MetricsTee", "Tracer",
+    # per-tenant quotas
+    "Quota", "QuotaConfig", "RateLimiter", "MemoryRateLimiter",
     "__version__",
 }
 

@@ -80,6 +80,9 @@ class GenerationRequest:
     #: adapter copies them onto its HTTP request, so the engine's own spans join the turn's trace
     #: (under its ``engine`` stage; the client's own trace context when nothing traces here).
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    #: The request's scheduling priority (lower runs earlier, as vLLM orders it), for engines that
+    #: take one (vLLM and SGLang ``priority``); ``None``: the engine's default.
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from ..compaction import (
     user_messages,
 )
 from ..conversation import EMPTY, Conversation
+from ..fairness import EngineSlot, FairGate
 from ..ids import new_id
 from ..listing import wire_item
 from ..metrics import Metrics, NullMetrics
@@ -217,7 +218,11 @@ class Pipeline:
         truncation_headroom: float = 0.25,
         summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
         tracer: Tracer | None = None,
+        engine_gate: FairGate | None = None,
     ) -> None:
+        #: Bounds the generations running at once and shares the slots fairly across tenants
+        #: (``None``: no bound here; the engine queues).
+        self.engine_gate = engine_gate
         #: The most tokens the engine may write for a compaction's summary.
         self.summary_tokens = summary_tokens
         if not 0.0 <= truncation_headroom < 1.0:
@@ -369,6 +374,10 @@ class Pipeline:
         engine: StageSpan = NO_STAGE
         first_token: StageSpan = NO_STAGE
         clock = _EngineClock()
+        slot: EngineSlot | None = None
+        if request.generate and self.engine_gate is not None:
+            with span.stage("engine.wait"):  # a free engine slot, in the tenant's turn
+                slot = await self.engine_gate.acquire(turn.tenant, request.priority or 0)
         if request.generate:
             engine = span.stage("engine")
             first_token = span.stage("engine.first_token")
@@ -384,6 +393,8 @@ class Pipeline:
                 except BaseException as exc:
                     first_token.end(exc)
                     engine.end(exc)
+                    if slot is not None:
+                        slot.release()
                     raise
         try:
             # From response.created on, the response exists: whatever happens, it gets billed.
@@ -418,7 +429,12 @@ class Pipeline:
                     if not calls:
                         break
                     await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
+                    if slot is not None:  # no engine slot is held while the client runs its tools
+                        slot.release()
+                        slot = None
                     appended = await turn.append.wait(calls)
+                    if self.engine_gate is not None:
+                        slot = await self.engine_gate.acquire(turn.tenant, request.priority or 0)
                     round_items = out.output[round_start:]
                     before_append = context_now.extend(round_items)
                     try:
@@ -500,6 +516,8 @@ class Pipeline:
             first_token.end()  # a response that streamed nothing
             engine.end()
             clock.stop()
+            if slot is not None:
+                slot.release()
         timings["generate"] = time.perf_counter() - t2
 
         # finalize: the child state shares everything it can with its parent.
@@ -669,6 +687,7 @@ class Pipeline:
 
     def _bill_summary(self, turn: Turn, route: Route, summary_id: str, usage: Usage) -> None:
         """A compaction's usage: a record of its own (its id), apart from any response's."""
+        turn.billed_tokens += usage.input_tokens + usage.output_tokens  # charged to the quota too
         if self.billing is None:
             return
         try:
@@ -848,6 +867,7 @@ class Pipeline:
             tenant=turn.tenant,
             cache_salt=tenant_salt(turn.tenant) if self.partition_prefix_cache else None,
             trace_context=trace_context,
+            priority=request.priority,
         )
 
     async def _generate(
@@ -1024,7 +1044,9 @@ class Pipeline:
 
     def _bill(self, turn: Turn, route: Route, usage: Usage, status: str) -> Awaitable[None] | None:
         """Hand the response's usage record to billing; an awaitable result is awaited before
-        the terminal event goes out (journal durability ``machine``)."""
+        the terminal event goes out (journal durability ``machine``). The same usage is what
+        the tenant's token quota is charged (:attr:`Turn.billed_tokens`)."""
+        turn.billed_tokens += usage.input_tokens + usage.output_tokens
         if self.billing is None:
             return None
         try:

@@ -11,6 +11,7 @@ from ..compaction import Compaction
 from ..protocol.items import Item, Reasoning
 from ..protocol.request import CreateResponse
 from ..protocol.tools import ToolSet
+from ..quotas import Admission
 from ..tracing import NO_TURN, TurnSpan
 from .append import AppendChannel
 from .interrupt import Interrupt
@@ -58,6 +59,10 @@ class Turn:
     tier: str = "none"
     #: ``time.perf_counter()`` when the turn was made: the start of its timings.
     started: float = field(default_factory=time.perf_counter)
+    #: The quota admission the turn runs under (released with :attr:`billed_tokens` when it ends).
+    admission: Admission | None = None
+    #: Tokens billed for the turn so far (prompt plus output, compaction summaries included).
+    billed_tokens: int = 0
 
     @property
     def model(self) -> str:

@@ -41,6 +41,9 @@ class ResponsesError(Exception):
         self.type = type
         self.code = code
         self.param = param
+        #: HTTP headers of the answer (``retry-after`` and ``x-ratelimit-*`` of a quota refusal);
+        #: over WebSocket, the ``error`` event's top-level ``headers``.
+        self.headers: dict[str, str] | None = None
 
     @property
     def payload(self) -> ErrorPayload:

@@ -137,6 +137,9 @@ class ErrorEvent(Event, tag="error"):
 
     status: int
     error: ErrorPayload
+    #: The headers the same failure would have had over HTTP (a quota refusal's ``retry-after``
+    #: and ``x-ratelimit-*``); omitted when there are none.
+    headers: dict[str, str] | None = None
 
 
 class ReasoningTextDelta(ContentEvent, tag="response.reasoning_text.delta"):

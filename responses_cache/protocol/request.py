@@ -67,6 +67,9 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     moderation: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
     access_programs: dict[str, Any] | None = None
+    #: Scheduling priority, an extension vLLM's own API also takes: lower runs earlier. Passed to
+    #: engines that take it, and orders a tenant's turns waiting for an engine slot.
+    priority: int | None = None
     # WebSocket-only fields (``type`` is the client event tag).
     type: Literal["response.create"] | None = None
     stream_id: str | None = None

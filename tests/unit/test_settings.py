@@ -131,3 +131,39 @@ def test_an_unknown_variable_stops_the_command_and_errors_name_the_variable() ->
         load_settings(overrides={"port": "eighty"})
     # Variables other parts of the package read are not serve settings, and are not refused.
     assert load_settings(env={"RESPONSES_CACHE_VOCAB_DIR": "/v", "RESPONSES_CACHE_MODEL": "m"}) == ServeSettings()
+
+
+def test_quotas_setting_by_key_tenant_and_default(tmp_path: Path) -> None:
+    from responses_cache.auth import tenant_of_key
+    from responses_cache.cli import _quotas
+    from responses_cache.quotas import Quota
+
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        'api_keys = ["sk-team-a", "sk-team-b"]\n'
+        '[quotas."*"]\nrequests_per_minute = 600\nconnections = 32\n'
+        '[quotas.sk-team-b]\ntokens_per_minute = 200000\nconcurrent_responses = 8\n'
+        '[quotas.research]\ntokens_per_minute = 5\n'
+    )
+    quotas = _quotas(load_settings(file=config))
+    assert quotas is not None
+    assert quotas.of(tenant_of_key("sk-team-b")) == Quota(tokens_per_minute=200_000, concurrent_responses=8)
+    assert quotas.of(tenant_of_key("sk-team-a")) == Quota(requests_per_minute=600, connections=32)  # the default
+    assert quotas.of("research") == Quota(tokens_per_minute=5)  # a tenant by name
+    env = {"RESPONSES_CACHE_QUOTAS": '{"*": {"tokens_per_minute": 7}}'}
+    from_env = _quotas(load_settings(env=env))
+    assert from_env is not None and from_env.of("anyone") == Quota(tokens_per_minute=7)
+    assert _quotas(load_settings()) is None
+
+
+def test_bad_quotas_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SettingsError, match="requests_per_mnute"):
+        load_settings(env={"RESPONSES_CACHE_QUOTAS": '{"*": {"requests_per_mnute": 1}}'})
+    with pytest.raises(SettingsError, match="RESPONSES_CACHE_QUOTAS must be a JSON object"):
+        load_settings(env={"RESPONSES_CACHE_QUOTAS": "nope"})
+    config = tmp_path / "serve.toml"
+    config.write_text('[quotas."*"]\nconnections = 0\n')
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "Quota.connections must be a positive integer" in capsys.readouterr().err
+    assert main(["serve", "--engine-slots", "0"]) == 2
+    assert "engine_slots must be at least 1" in capsys.readouterr().err

@@ -365,6 +365,7 @@ class EngineBackend:
             temperature=request.temperature,
             top_p=request.top_p,
             cache_salt=self.cache_salt(request),
+            priority=request.priority,
             return_token_ids=self.return_token_ids,
             extra=self.extra_body,
         )

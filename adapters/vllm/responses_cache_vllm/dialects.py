@@ -36,6 +36,9 @@ class Params:
     temperature: float | None = None
     top_p: float | None = None
     cache_salt: str | None = None
+    #: The request's scheduling priority (lower first); sent only when set, since an engine not
+    #: started with priority scheduling refuses a non-zero one.
+    priority: int | None = None
     return_token_ids: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -134,6 +137,8 @@ class VllmGenerate:
         }
         if p.cache_salt is not None:
             body["cache_salt"] = p.cache_salt
+        if p.priority is not None:
+            body["priority"] = p.priority
         body.update(p.extra)
         return body
 
@@ -174,6 +179,8 @@ class VllmCompletions:
             body["return_token_ids"] = True  # the sampled ids, kept as the assistant turn
         if p.cache_salt is not None:
             body["cache_salt"] = p.cache_salt
+        if p.priority is not None:
+            body["priority"] = p.priority
         _sampling(p, body)
         body.update(p.extra)
         return body
@@ -205,6 +212,8 @@ class SglangGenerate:
         }
         if p.cache_salt is not None:
             body["cache_salt"] = p.cache_salt
+        if p.priority is not None:
+            body["priority"] = p.priority
         body.update(p.extra)
         return body
 

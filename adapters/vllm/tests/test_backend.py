@@ -339,3 +339,26 @@ def test_a_server_in_front_of_another_vocabulary_refuses_to_start(responses_cach
 def test_factory_needs_an_engine_address() -> None:
     with pytest.raises(ValueError, match="base_urls and model"):
         load_backend("sglang")
+
+
+# -- priority --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "path"),
+    [("vllm", {}, "/inference/v1/generate"), ("vllm", {"endpoint": "completions"}, "/v1/completions"),
+     ("sglang", {}, "/generate"), ("sglang", {"endpoint": "completions"}, "/v1/completions")],
+)
+def test_the_requests_priority_reaches_the_engine(
+    responses_cache_server_factory: Any, name: str, options: dict[str, Any], path: str
+) -> None:
+    engine = (FakeVllm if name == "vllm" else FakeSglang)(ENC, [ANSWER])
+    server = _serve(responses_cache_server_factory, engine, name=name, **options)
+    with connect(server.ws_url) as ws:
+        assert _turn(ws, input="hi", priority=-5)["type"] == "response.completed"
+        assert _turn(ws, input="hi")["type"] == "response.completed"
+    with_priority, without = (r.body for r in engine.generation_requests())
+    assert engine.generation_requests()[0].path == path
+    assert with_priority["priority"] == -5  # the engine's own field, at the top level
+    assert "priority" not in without  # unset: never sent (a stock engine refuses a non-zero one)
+    assert engine.unknown_fields == []
