@@ -157,7 +157,9 @@ def _quotas(settings: ServeSettings) -> QuotaConfig | None:
 
 def _rate_limiter(settings: ServeSettings) -> RateLimiter | None:
     """The quota counters: in Redis with a Redis ``store`` (shared by every process), else here."""
-    if not settings.store.startswith(("redis://", "rediss://", "unix://")):
+    from .redis_client import SCHEMES, scheme_of
+
+    if scheme_of(settings.store) not in SCHEMES:
         return None
     from .redis_quotas import RedisRateLimiter
 

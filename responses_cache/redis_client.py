@@ -31,6 +31,16 @@ CLUSTER = ("redis+cluster", "rediss+cluster")
 SCHEMES = SINGLE + SENTINEL + CLUSTER
 
 
+try:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    #: What a failing server, Sentinel or cluster raises (an unreachable cluster raises
+    #: ``RedisClusterException``, which is not a ``RedisError``).
+    FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
+except ImportError:  # pragma: no cover - the extra is not installed
+    FAILURES = (OSError,)
+
+
 class RedisUrlError(ValueError):
     """A store URL that names no Redis deployment this package can reach."""
 

@@ -30,15 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .quotas import ALLOWED, Decision, Quota, decide
+from .redis_client import FAILURES
 
 logger = logging.getLogger("responses_cache.quotas")
-
-try:
-    import redis.asyncio as _redis
-    from redis.exceptions import RedisError
-except ImportError:  # pragma: no cover - the extra is not installed
-    _redis = None  # type: ignore[assignment]
-    RedisError = OSError  # type: ignore[assignment,misc]
 
 # KEYS: bucket hash, running set, connection set (one tenant: one hash tag).
 # ARGV: now ms, rpm, tpm, concurrent (0: no limit), mode (admit | peek | charge), lease, lease
@@ -132,9 +126,9 @@ class RedisRateLimiter:
     ) -> None:
         self._owns_client = client is None
         if client is None:
-            if _redis is None:
-                raise ImportError("RedisRateLimiter needs the redis extra: pip install 'responses-cache[redis]'")
-            client = _redis.from_url(url)
+            from .redis_client import redis_client
+
+            client = redis_client(url)
         self._client = client
         self.prefix = prefix
         self.flush_s = flush_s
@@ -169,7 +163,7 @@ class RedisRateLimiter:
             verdict, requests, tokens, running = await self._step(
                 keys=self._keys(tenant), args=self._args(quota, mode, lease, now_ms, owed)
             )
-        except (RedisError, OSError):
+        except FAILURES:
             self.errors += 1
             logger.exception("the quota counters in Redis cannot be reached: admitting the request")
             if owed is not None:
@@ -203,7 +197,7 @@ class RedisRateLimiter:
                 keys=[self._keys(tenant)[2]],
                 args=[now_ms, quota.connections, lease, now_ms + int(self.connection_lease_s * 1000), *released],
             )
-        except (RedisError, OSError):
+        except FAILURES:
             self.errors += 1
             logger.exception("the quota counters in Redis cannot be reached: admitting the connection")
             return ALLOWED
@@ -240,17 +234,30 @@ class RedisRateLimiter:
             return
         now_ms = int(self.clock() * 1000)
         self.round_trips += 1
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for tenant, owed in batch.items():
-                    await self._step(
-                        keys=self._keys(tenant), args=self._args(owed.quota, "charge", "", now_ms, owed), client=pipe
-                    )
-                await pipe.execute()
-        except (RedisError, OSError):
+        steps = {tenant: (self._keys(tenant), self._args(owed.quota, "charge", "", now_ms, owed))
+                 for tenant, owed in batch.items()}
+        failed: list[str] = []
+        if hasattr(self._client, "get_nodes"):
+            # A cluster pipeline refuses scripts: the charges go to their nodes concurrently.
+            outcomes = await asyncio.gather(*(self._step(keys=k, args=a) for k, a in steps.values()),
+                                            return_exceptions=True)
+            failed = [t for t, o in zip(steps, outcomes, strict=True) if isinstance(o, BaseException)]
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException) and not isinstance(outcome, FAILURES):
+                    raise outcome
+        else:
+            try:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for keys, args in steps.values():
+                        await self._step(keys=keys, args=args, client=pipe)
+                    await pipe.execute()
+            except FAILURES:
+                failed = list(steps)
+        if failed:
             self.errors += 1
-            logger.exception("the quota counters in Redis cannot be reached: the charges wait")
-            for tenant, owed in batch.items():
+            logger.error("the quota counters in Redis cannot be reached: the charges of %d tenants wait", len(failed))
+            for tenant in failed:
+                owed = batch[tenant]
                 held = self._pending.get(tenant)
                 if held is not None:
                     owed.merge(held)

@@ -43,21 +43,12 @@ from .protocol.codec import encode as encode_json
 from .protocol.errors import ResponsesError
 from .protocol.request import decode_input
 from .protocol.response import Response
+from .redis_client import FAILURES as _FAILURES
 from .redis_client import redis_client
 from .store import MAX_CHAIN, StoredResponse
 from .tokens.snapshot import LogDelta
 
 logger = logging.getLogger("responses_cache.redis_store")
-
-try:
-    from redis.exceptions import RedisClusterException, RedisError
-
-    #: What a failing server, Sentinel or cluster raises (an unreachable cluster raises
-    #: ``RedisClusterException``, which is not a ``RedisError``).
-    _FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
-except ImportError:  # pragma: no cover - the extra is not installed
-    _FAILURES = (OSError,)
-
 
 class StoreUnavailable(ResponsesError):
     def __init__(self) -> None:

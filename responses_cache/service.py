@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 from . import compaction, encrypted_reasoning
 from .conversation import EMPTY
 from .hot import HotCache
-from .ids import new_response_id
+from .ids import new_id, new_response_id
 from .logs import current_turn
 from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
