@@ -200,7 +200,7 @@ class ResponsesService:
                 "gen_ai.response.id": turn.response_id,
             },
         )
-        current_turn.set((turn.response_id, span.trace_id or trace_id_of(turn.trace)))
+        current_turn.set((turn.response_id, lambda: span.trace_id or trace_id_of(turn.trace)))
         try:
             with span.stage("resolve") as stage:
                 parent = await self._parent_of(turn, route, cache)
