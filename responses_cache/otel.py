@@ -195,6 +195,10 @@ class _Turn:
         elif status in _FAILED:
             span.set_status(Status(StatusCode.ERROR, status))
         span.end(end_time=end_ns)
+        # A log line of a task the turn started may still ask for the trace id: keep that, and
+        # let the stages (their errors, their attributes) go.
+        self._trace_id = self.trace_id
+        self._stages, self._attributes, self._context, self._parent = [], {}, None, None
 
     def _emit(self, stage: _Stage, turn_end_ns: int) -> None:
         """The stage as a span with its own times (a stage still open ends with its turn), or,

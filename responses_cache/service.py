@@ -200,7 +200,10 @@ class ResponsesService:
                 "gen_ai.response.id": turn.response_id,
             },
         )
-        current_turn.set((turn.response_id, lambda: span.trace_id or trace_id_of(turn.trace)))
+        # The trace id when a log line asks for it (a tracer may start the turn's span late);
+        # tasks the turn starts inherit this, so it holds the span and the headers, not the turn.
+        client = turn.trace
+        current_turn.set((turn.response_id, lambda: span.trace_id or trace_id_of(client)))
         try:
             with span.stage("resolve") as stage:
                 parent = await self._parent_of(turn, route, cache)

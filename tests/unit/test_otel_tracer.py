@@ -9,6 +9,7 @@ counts the SDK's work.
 from __future__ import annotations
 
 import time
+import weakref
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
@@ -133,3 +134,22 @@ def test_an_unsampled_turn_records_nothing_and_still_passes_its_trace_on() -> No
         pass
     turn.end("completed")
     assert exporter.get_finished_spans() == () and starts.names == []
+
+
+class StageFailed(Exception):
+    pass
+
+
+def test_an_ended_turn_lets_go_of_its_stages() -> None:
+    """Tasks a turn started may keep its span (their log lines ask for the trace id) long after
+    it ended: what its stages held (an error, and through it whatever it references) goes."""
+    tracer, exporter, _ = traced()
+    turn = tracer.start_turn({}, {})
+    error = StageFailed("bad input")
+    held = weakref.ref(error)
+    turn.stage("validate").end(error)
+    turn.end("rejected")
+    del error
+    assert held() is None
+    assert len(turn.trace_id) == 32
+    assert [s.name for s in exporter.get_finished_spans()] == ["validate", "responses.turn"]
