@@ -14,13 +14,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 #: ``(response_id, trace_id)`` of the turn the running task is serving (set when its parent is
-#: looked up; inherited by tasks it starts), the trace id as a function: a tracer may make the
-#: turn's span, and its id, only when something asks for it.
-current_turn: contextvars.ContextVar[tuple[str, Callable[[], str]] | None] = contextvars.ContextVar(
+#: looked up; inherited by tasks it starts).
+current_turn: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "responses_cache_turn", default=None
 )
 
@@ -42,7 +40,7 @@ class JsonFormatter(logging.Formatter):
         else:
             ids = current_turn.get()
             if ids is not None:
-                line["response_id"], line["trace_id"] = ids[0], ids[1]()
+                line["response_id"], line["trace_id"] = ids
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str, ensure_ascii=False)

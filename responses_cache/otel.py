@@ -96,59 +96,37 @@ def _kind(name: str) -> SpanKind:
 
 
 class _Turn:
-    """A turn, recorded as it runs, its spans made as late as they can be.
+    """A turn's span, started when the turn starts (its trace id and context are needed then),
+    and its stages, recorded as it runs and made spans with their own times in one pass when it
+    ends, which the pipeline does once the client has the terminal event. Before the answer the
+    SDK makes two spans: the turn's, and the engine stage's when the engine request takes its
+    context (:meth:`inject`); the rest of its work (the other spans, the exporter's queue) comes
+    after. A turn the provider does not record (no SDK, or sampled out) records nothing."""
 
-    The turn's own span is started (with the turn's start time) when something first needs it:
-    the engine request's trace context (:meth:`inject`, which also starts the engine stage's
-    span, a child the request names), the trace id (a log line), or the turn's end. The other
-    stages are two clock reads each while the turn runs, made spans with their own times in one
-    pass when the turn ends, which the pipeline does once the client has the terminal event. So
-    the SDK runs twice on a turn's way to its answer, both times just before the engine request,
-    and the rest of its work (the other spans, the exporter's queue) comes after the answer."""
+    __slots__ = ("_attributes", "_context", "_ended", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording")
 
-    __slots__ = (
-        "_attributes", "_context", "_ended", "_own", "_parent", "_span", "_stages", "_start_attributes",
-        "_start_ns", "_trace_id", "_tracer", "recording",
-    )
-
-    def __init__(self, tracer: Any, parent: Any, attributes: Mapping[str, AttributeValue], own: frozenset[str] | None) -> None:
-        self._start_ns = time_ns()
+    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None) -> None:
         self._tracer = tracer
-        self._parent = parent
-        self._start_attributes = attributes
+        self._span = span
         self._own = own
-        self._span: Any = None
         self._context: Any = None
         self._trace_id: str | None = None
         self._ended = False
         self._stages: list[_Stage] = []
         self._attributes: dict[str, AttributeValue] = {}
-        #: Until the span exists, whether it will be recorded is not known: stages are recorded,
-        #: and dropped at the end if it is not.
-        self.recording = True
-
-    def _started(self) -> Any:
-        """The turn's span, started now (with the turn's start time) if it was not yet."""
-        span = self._span
-        if span is None:
-            span = self._span = self._tracer.start_span(
-                "responses.turn", context=self._parent, kind=SpanKind.SERVER,
-                attributes=self._start_attributes, start_time=self._start_ns,
-            )
-            self.recording = span.is_recording()
-        return span
+        self.recording: bool = span.is_recording()
 
     @property
     def trace_id(self) -> str:
         if self._trace_id is None:
-            context = self._started().get_span_context()
+            context = self._span.get_span_context()
             self._trace_id = trace.format_trace_id(context.trace_id) if context.is_valid else ""
         return self._trace_id
 
     def _parent_context(self) -> Any:
         """The context that makes a span a child of the turn's (made once per turn)."""
         if self._context is None:
-            self._context = trace.set_span_in_context(self._started())
+            self._context = trace.set_span_in_context(self._span)
         return self._context
 
     def _has_span(self, name: str) -> bool:
@@ -167,8 +145,8 @@ class _Turn:
         return stage
 
     def inject(self, stage: StageSpan) -> dict[str, str]:
-        span = self._started()
-        if self.recording and isinstance(stage, _Stage) and self._has_span(stage.name):
+        span = self._span
+        if isinstance(stage, _Stage) and self._has_span(stage.name):
             if stage.span is None:  # the request is a child of this stage: its span must exist now
                 stage.span = self._tracer.start_span(
                     stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
@@ -183,7 +161,7 @@ class _Turn:
             return
         self._ended = True
         end_ns = time_ns()
-        span = self._started()
+        span = self._span
         if self.recording:
             attributes = self._attributes
             for stage in self._stages:
@@ -195,10 +173,10 @@ class _Turn:
         elif status in _FAILED:
             span.set_status(Status(StatusCode.ERROR, status))
         span.end(end_time=end_ns)
-        # A log line of a task the turn started may still ask for the trace id: keep that, and
-        # let the stages (their errors, their attributes) go.
+        # The turn object outlives its end (in the connection's bookkeeping, in a log line's
+        # lookup of the trace id): keep the trace id, let the stages (their errors) go.
         self._trace_id = self.trace_id
-        self._stages, self._attributes, self._context, self._parent = [], {}, None, None
+        self._stages, self._attributes, self._context = [], {}, None
 
     def _emit(self, stage: _Stage, turn_end_ns: int) -> None:
         """The stage as a span with its own times (a stage still open ends with its turn), or,
@@ -226,11 +204,11 @@ class _Turn:
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
 
-    A turn costs the SDK two spans on its way to the client's answer (the turn's and the engine
-    stage's, started just before the engine request, which carries the latter's context); every
-    other stage is two clock reads then, and its span is made with those times once the client
-    has the terminal event (see :class:`_Turn`). A turn that is not recorded (no SDK configured,
-    or sampled out) drops what it recorded.
+    A turn costs the SDK two spans on its way to the client's answer (the turn's, and the engine
+    stage's, started when the engine request takes its context); every other stage is two clock
+    reads then, and its span is made with those times once the client has the terminal event
+    (see :class:`_Turn`). A turn that is not recorded (no SDK configured, or sampled out) records
+    nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``
@@ -244,7 +222,8 @@ class OpenTelemetryTracer:
 
     def start_turn(self, carrier: Mapping[str, str], attributes: Mapping[str, AttributeValue]) -> TurnSpan:
         parent = _PROPAGATOR.extract(carrier) if carrier else None
-        return _Turn(self._tracer, parent, attributes, self._stages)
+        span = self._tracer.start_span("responses.turn", context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        return _Turn(self._tracer, span, self._stages)
 
 
 class OpenTelemetryMetrics:

@@ -200,10 +200,7 @@ class ResponsesService:
                 "gen_ai.response.id": turn.response_id,
             },
         )
-        # The trace id when a log line asks for it (a tracer may start the turn's span late);
-        # tasks the turn starts inherit this, so it holds the span and the headers, not the turn.
-        client = turn.trace
-        current_turn.set((turn.response_id, lambda: span.trace_id or trace_id_of(client)))
+        current_turn.set((turn.response_id, span.trace_id or trace_id_of(turn.trace)))
         try:
             with span.stage("resolve") as stage:
                 parent = await self._parent_of(turn, route, cache)

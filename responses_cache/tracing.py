@@ -73,8 +73,7 @@ class TurnSpan(Protocol):
 
     @property
     def recording(self) -> bool:
-        """Whether attributes set on this span go anywhere (skip computing them when not); a
-        tracer that decides late (a sampler run when the span is made) says ``True`` until then."""
+        """Whether attributes set on this span go anywhere (skip computing them when not)."""
         ...
 
     @property

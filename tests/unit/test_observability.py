@@ -134,9 +134,9 @@ def test_an_error_line_carries_the_turns_ids(json_log: io.StringIO) -> None:
     assert hook["response_id"] == turn["response_id"] and turn["response_id"].startswith("resp_")
 
 
-def test_a_line_logged_before_the_turn_span_exists_carries_its_trace_id(json_log: io.StringIO) -> None:
-    """The tracer starts a turn's span late (with the engine request); a line logged before
-    that (a hook failing) starts it, and carries the trace id the exported span has."""
+def test_an_error_line_without_a_client_trace_carries_the_turn_spans_trace_id(json_log: io.StringIO) -> None:
+    """A client that sent no ``traceparent``: the turn's span starts a trace, and a line logged
+    while the turn runs (a hook failing) and the turn's line carry the id the exported span has."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

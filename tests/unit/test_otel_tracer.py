@@ -1,8 +1,8 @@
 """The OpenTelemetry tracer on its own: what it makes of a turn, and when.
 
-A turn's spans are made as late as they can be: the turn's own and the engine stage's when the
-engine request takes its trace context, every other stage's when the turn ends, with the times
-the stage ran. The SDK's in-memory exporter reads them back; a span processor that logs starts
+Before a turn ends the SDK makes two spans: the turn's own when it starts, the engine stage's
+when the engine request takes its trace context; every other stage's span is made when the turn
+ends, with the times the stage ran. The SDK's in-memory exporter reads them back; a span processor that logs starts
 counts the SDK's work.
 """
 
@@ -46,7 +46,7 @@ def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
     return {s.name: s for s in exporter.get_finished_spans()}
 
 
-def test_spans_are_made_when_first_needed() -> None:
+def test_stage_spans_are_made_when_the_turn_ends_but_the_engines_when_its_request_needs_it() -> None:
     tracer, exporter, starts = traced()
     turn = tracer.start_turn({"traceparent": TRACEPARENT}, {"responses_cache.tenant": "t"})
     with turn.stage("resolve") as stage:
@@ -55,9 +55,9 @@ def test_spans_are_made_when_first_needed() -> None:
         pass
     engine = turn.stage("engine")
     first_token = turn.stage("engine.first_token")
-    assert starts.names == []  # stages so far are two clock reads each
+    assert starts.names == ["responses.turn"]  # stages so far are two clock reads each
     headers = turn.inject(engine)
-    # The request names the engine stage: it, and the turn it is a child of, exist now.
+    # The request names the engine stage: its span exists now.
     assert starts.names == ["responses.turn", "engine"]
     assert headers["traceparent"].split("-")[1] == TRACE_ID
     first_token.end()
@@ -141,8 +141,8 @@ class StageFailed(Exception):
 
 
 def test_an_ended_turn_lets_go_of_its_stages() -> None:
-    """Tasks a turn started may keep its span (their log lines ask for the trace id) long after
-    it ended: what its stages held (an error, and through it whatever it references) goes."""
+    """A turn's span object may outlive the turn (a log line asks it for the trace id): what its
+    stages held (an error, and through it whatever it references) goes when it ends."""
     tracer, exporter, _ = traced()
     turn = tracer.start_turn({}, {})
     error = StageFailed("bad input")
