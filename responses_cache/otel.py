@@ -15,13 +15,13 @@ with only ``opentelemetry-api`` installed and no SDK configured, they record not
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Mapping
+from time import time_ns
 from types import TracebackType
 from typing import Any
 
 from .metrics import Labels
-from .tracing import AttributeValue, StageSpan, TurnSpan
+from .tracing import NO_STAGE, AttributeValue, StageSpan, TurnSpan
 
 try:
     from opentelemetry import metrics as otel_metrics
@@ -50,22 +50,32 @@ def _version() -> str:
 
 
 class _Stage:
-    __slots__ = ("_ended", "_span")
+    """A stage of a recorded turn: two clock reads and its attributes while the turn runs; it
+    becomes a span (or, for a stage without a span of its own, an attribute of the turn span)
+    when the turn ends (:meth:`_Turn.end`)."""
 
-    def __init__(self, span: Any) -> None:
-        self._span = span
-        self._ended = False
+    __slots__ = ("attributes", "end_ns", "error", "name", "span", "start_ns")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.start_ns = time_ns()
+        self.end_ns = 0
+        self.attributes: dict[str, AttributeValue] | None = None
+        self.error: BaseException | None = None
+        #: The stage's span, started ahead of the turn's end only when a request carries its
+        #: context out of the process (:meth:`_Turn.inject`: the engine stage).
+        self.span: Any = None
 
     def set(self, key: str, value: AttributeValue) -> None:
-        self._span.set_attribute(key, value)
+        if self.attributes is None:
+            self.attributes = {key: value}
+        else:
+            self.attributes[key] = value
 
     def end(self, error: BaseException | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        if error is not None:
-            _record(self._span, error)
-        self._span.end()
+        if not self.end_ns:
+            self.end_ns = time_ns()
+            self.error = error
 
     def __enter__(self) -> _Stage:
         return self
@@ -76,74 +86,72 @@ class _Stage:
         self.end(exc)
 
 
-def _record(span: Any, error: BaseException) -> None:
-    span.record_exception(error)
+def _record(span: Any, error: BaseException, timestamp: int) -> None:
+    span.record_exception(error, timestamp=timestamp)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 
 
-class _Timed:
-    """A stage without a span of its own: its duration (and failure) go on the turn span."""
-
-    __slots__ = ("_ended", "_name", "_start", "_turn")
-
-    def __init__(self, turn: Any, name: str) -> None:
-        self._turn = turn
-        self._name = name
-        self._start = time.perf_counter()
-        self._ended = False
-
-    def set(self, key: str, value: AttributeValue) -> None:
-        pass
-
-    def end(self, error: BaseException | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        elapsed_ms = (time.perf_counter() - self._start) * 1000
-        self._turn.set_attribute(f"responses_cache.stage_ms.{self._name.replace(' ', '.')}", round(elapsed_ms, 3))
-        if error is not None:
-            self._turn.record_exception(error, attributes={"responses_cache.stage": self._name})
-
-    def __enter__(self) -> _Timed:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.end(exc)
+def _kind(name: str) -> SpanKind:
+    return SpanKind.CLIENT if name in _CLIENT_STAGES else SpanKind.INTERNAL
 
 
 class _Turn:
-    __slots__ = ("_context", "_ended", "_span", "_stages", "_tracer")
+    """A turn's span, started when the turn starts (its trace id and context are needed then),
+    and its stages, recorded as it runs and made spans with their own times in one pass when it
+    ends, which the pipeline does once the client has the terminal event. Before the answer the
+    SDK makes two spans: the turn's, and the engine stage's when the engine request takes its
+    context (:meth:`inject`); the rest of its work (the other spans, the exporter's queue) comes
+    after. A turn the provider does not record (no SDK, or sampled out) records nothing."""
 
-    def __init__(self, tracer: Any, span: Any, stages: frozenset[str] | None) -> None:
+    __slots__ = ("_attributes", "_context", "_ended", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording")
+
+    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None) -> None:
         self._tracer = tracer
         self._span = span
-        self._stages = stages
-        self._context = trace.set_span_in_context(span)
+        self._own = own
+        self._context: Any = None
+        self._trace_id: str | None = None
         self._ended = False
-
-    @property
-    def recording(self) -> bool:
-        return bool(self._span.is_recording())
+        self._stages: list[_Stage] = []
+        self._attributes: dict[str, AttributeValue] = {}
+        self.recording: bool = span.is_recording()
 
     @property
     def trace_id(self) -> str:
-        context = self._span.get_span_context()
-        return trace.format_trace_id(context.trace_id) if context.is_valid else ""
+        if self._trace_id is None:
+            context = self._span.get_span_context()
+            self._trace_id = trace.format_trace_id(context.trace_id) if context.is_valid else ""
+        return self._trace_id
+
+    def _parent_context(self) -> Any:
+        """The context that makes a span a child of the turn's (made once per turn)."""
+        if self._context is None:
+            self._context = trace.set_span_in_context(self._span)
+        return self._context
+
+    def _has_span(self, name: str) -> bool:
+        own = self._own
+        return own is None or name in own or name.split(" ", 1)[0] in own
 
     def set(self, key: str, value: AttributeValue) -> None:
-        self._span.set_attribute(key, value)
+        if self.recording:
+            self._attributes[key] = value
 
     def stage(self, name: str) -> StageSpan:
-        stages = self._stages
-        if stages is not None and name not in stages and name.split(" ", 1)[0] not in stages:
-            return _Timed(self._span, name)
-        kind = SpanKind.CLIENT if name in _CLIENT_STAGES else SpanKind.INTERNAL
-        return _Stage(self._tracer.start_span(name, context=self._context, kind=kind))
+        if not self.recording:
+            return NO_STAGE
+        stage = _Stage(name)
+        self._stages.append(stage)
+        return stage
 
     def inject(self, stage: StageSpan) -> dict[str, str]:
-        span = stage._span if isinstance(stage, _Stage) else self._span
+        span = self._span
+        if isinstance(stage, _Stage) and self._has_span(stage.name):
+            if stage.span is None:  # the request is a child of this stage: its span must exist now
+                stage.span = self._tracer.start_span(
+                    stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
+                )
+            span = stage.span
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return carrier
@@ -152,16 +160,55 @@ class _Turn:
         if self._ended:
             return
         self._ended = True
-        self._span.set_attribute("responses_cache.status", status)
+        end_ns = time_ns()
+        span = self._span
+        if self.recording:
+            attributes = self._attributes
+            for stage in self._stages:
+                self._emit(stage, end_ns)
+            attributes["responses_cache.status"] = status
+            span.set_attributes(attributes)
         if error is not None:
-            _record(self._span, error)
+            _record(span, error, end_ns)
         elif status in _FAILED:
-            self._span.set_status(Status(StatusCode.ERROR, status))
-        self._span.end()
+            span.set_status(Status(StatusCode.ERROR, status))
+        span.end(end_time=end_ns)
+        # The turn object outlives its end (in the connection's bookkeeping, in a log line's
+        # lookup of the trace id): keep the trace id, let the stages (their errors) go.
+        self._trace_id = self.trace_id
+        self._stages, self._attributes, self._context = [], {}, None
+
+    def _emit(self, stage: _Stage, turn_end_ns: int) -> None:
+        """The stage as a span with its own times (a stage still open ends with its turn), or,
+        for a stage without a span of its own, its duration and failure on the turn span."""
+        name, end_ns, error = stage.name, stage.end_ns or turn_end_ns, stage.error
+        if not self._has_span(name):
+            key = f"responses_cache.stage_ms.{name.replace(' ', '.')}"
+            self._attributes[key] = round((end_ns - stage.start_ns) / 1e6, 3)
+            if error is not None:
+                self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
+            return
+        span = stage.span
+        if span is None:
+            span = self._tracer.start_span(
+                name, context=self._parent_context(), kind=_kind(name), attributes=stage.attributes,
+                start_time=stage.start_ns,
+            )
+        elif stage.attributes:
+            span.set_attributes(stage.attributes)
+        if error is not None:
+            _record(span, error, end_ns)
+        span.end(end_time=end_ns)
 
 
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
+
+    A turn costs the SDK two spans on its way to the client's answer (the turn's, and the engine
+    stage's, started when the engine request takes its context); every other stage is two clock
+    reads then, and its span is made with those times once the client has the terminal event
+    (see :class:`_Turn`). A turn that is not recorded (no SDK configured, or sampled out) records
+    nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``

@@ -9,6 +9,10 @@ pays a few method calls per turn and nothing else.
 :class:`responses_cache.otel.OpenTelemetryTracer` (the ``otel`` extra) implements it with
 OpenTelemetry; any other tracing system fits the same two protocols.
 
+A tracer may defer its work: a stage's span can be made when the turn ends, from times taken
+when the stage ran (:class:`~responses_cache.otel.OpenTelemetryTracer` does, keeping only the
+spans the engine request's trace context needs on the way to the client's answer).
+
 Trace context crosses the process in W3C ``traceparent``/``tracestate`` headers: the edges take
 them from the client's request or WebSocket upgrade (:func:`trace_headers`), the turn span
 continues that trace, and :meth:`TurnSpan.inject` gives the headers that make the engine's own
@@ -90,7 +94,10 @@ class TurnSpan(Protocol):
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """End the turn (idempotent) with the response's status (``completed``, ``failed``,
-        ``incomplete``, ``cancelled``, or ``rejected`` for a turn refused before it began)."""
+        ``incomplete``, ``cancelled``, or ``rejected`` for a turn refused before it began).
+        The pipeline calls it once the client has been sent the terminal event, so work a
+        tracer leaves to the end (making spans, queueing them for export) is off the turn's
+        time; stages still open then end with the turn."""
         ...
 
 

@@ -603,15 +603,20 @@ class Pipeline:
         if durable is not None:  # machine durability: the close entry is on disk first
             await durable
             closing.end()
-        # Counted, traced and logged before the client hears the end: nothing of the turn is
-        # left to do once it has (a client that closes at once cancels nothing).
+        # Counted and logged before the client hears the end (a client that closes at once
+        # cancels nothing of that).
         self._observe(turn, rendered, status, clock)
         engine_cached = engine_usage.cached_tokens if engine_usage is not None else None
         if span.recording:
             self._describe(span, turn, rendered, usage, engine_cached)
-        span.end(status, failure)
         self._log_turn(turn, status, rendered, usage, clock=clock, engine_cached=engine_cached, error=failure)
-        await out.send(terminal)
+        try:
+            await out.send(terminal)
+        finally:
+            # The turn's spans are made and handed to the exporter once the client has the
+            # terminal event: a tracer's work is off the turn's time (and ends them however the
+            # send ends, a cancelled send included).
+            span.end(status, failure)
         return state
 
     @staticmethod

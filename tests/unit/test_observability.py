@@ -14,6 +14,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.testclient import TestClient
 
 from responses_cache import (
@@ -130,3 +132,23 @@ def test_an_error_line_carries_the_turns_ids(json_log: io.StringIO) -> None:
     # The traced turn's trace (the client's) and response id, on both lines.
     assert hook["trace_id"] == turn["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert hook["response_id"] == turn["response_id"] and turn["response_id"].startswith("resp_")
+
+
+def test_an_error_line_without_a_client_trace_carries_the_turn_spans_trace_id(json_log: io.StringIO) -> None:
+    """A client that sent no ``traceparent``: the turn's span starts a trace, and a line logged
+    while the turn runs (a hook failing) and the turn's line carry the id the exported span has."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(
+        backend=SimulatedEngine(SimulatedConfig(instant=True)), hooks=[_Exploding()], tracer=OpenTelemetryTracer(provider)
+    )
+    with TestClient(app) as client:
+        reply = client.post("/v1/responses", json={"model": "sim-1", "input": "hi"})  # no traceparent
+    assert reply.status_code == 500
+    lines = _lines(json_log)
+    hook = next(line for line in lines if line["message"] == "the hook is about to fail")
+    turn = next(line for line in lines if line["logger"] == "responses_cache.turns")
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "responses.turn"]
+    assert span.context is not None
+    assert hook["trace_id"] == turn["trace_id"] == f"{span.context.trace_id:032x}"

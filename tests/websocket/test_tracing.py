@@ -8,6 +8,7 @@ upgrade or the request) and has one child per stage; the engine request carries 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,15 @@ from typing import Any
 import httpx
 import pytest
 from backends import RecordingBackend, until
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from wsclient import MODEL, function_tool, ws_connect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from wsclient import MODEL, RENDERER, function_tool, ws_connect
 
-from responses_cache import Biller, JsonlSink
+from responses_cache import Biller, JsonlSink, create_app
 from responses_cache.otel import OpenTelemetryTracer
 from responses_cache.safety import PatternPolicy
 
@@ -255,3 +258,69 @@ async def test_stages_without_their_own_span_are_timed_on_the_turn(
     assert set(stages(exporter, failed)) == set()
     by_stage = [(e.attributes or {}).get("responses_cache.stage") for e in failed.events if e.name == "exception"]
     assert by_stage == ["validate", None]  # then the turn's own
+
+
+class SpanLog(SpanProcessor):
+    """Appends ``("start" | "end", span name)`` to ``log`` as the SDK starts and ends spans."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.log.append(("start", span.name))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.log.append(("end", span.name))
+
+
+class SentLog:
+    """ASGI middleware: appends ``("sent", event type)`` to ``log`` once the server has written
+    an event on a WebSocket."""
+
+    def __init__(self, app: ASGIApp, log: list[tuple[str, str]]) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def logged(message: Message) -> None:
+            await send(message)
+            if message["type"] == "websocket.send":
+                self.log.append(("sent", json.loads(message["text"])["type"]))
+
+        await self.app(scope, receive, logged)
+
+
+async def test_a_turn_makes_two_spans_before_its_answer_and_the_rest_after(
+    responses_cache_server_factory: Callable[..., Any], backend: RecordingBackend,
+    exporter: InMemorySpanExporter, tmp_path: Path,
+) -> None:
+    """On a turn's way to its terminal event the SDK makes only the spans the engine request
+    needs (the turn's and the engine stage's, whose context the request carries), however many
+    deltas the engine streams; every other stage's span is made after the client has its answer,
+    and every span has ended by then too."""
+    log: list[tuple[str, str]] = []
+    provider = TracerProvider()
+    provider.add_span_processor(SpanLog(log))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    biller = Biller(JsonlSink(tmp_path / "usage.jsonl"), journal_path=tmp_path / "journal")
+    app = create_app(
+        backend=backend, renderer=RENDERER, tracer=OpenTelemetryTracer(provider),
+        hooks=[PatternPolicy(keywords=["forbidden"])], billing=biller,
+    )
+    server = responses_cache_server_factory(SentLog(app, log))
+    async with ws_connect(server.ws_url) as ws:
+        events = await ws.turn(input="hi", metadata={"text": "one two three four five six seven eight"})
+    assert events[-1]["type"] == "response.completed"
+    (turn,) = await finished_turns(exporter, 1)
+    answered = log.index(("sent", "response.completed"))
+    deltas = [e for e in log[:answered] if e == ("sent", "response.output_text.delta")]
+    assert len(deltas) >= 8
+    before = [e for e in log[:answered] if e[0] != "sent"]
+    assert before == [("start", "responses.turn"), ("start", "engine")]
+    after = log[answered + 1 :]
+    made = {name for kind, name in after if kind == "start"}
+    assert made == set(stages(exporter, turn)) - {"engine"}
+    assert made >= {"resolve", "validate", "hook patterns", "render", "engine.first_token", "journal.open", "journal.close"}
+    # Every span started ends, the turn's last.
+    assert sorted(name for kind, name in after if kind == "end") == sorted([*made, "engine", "responses.turn"])
+    assert after[-1] == ("end", "responses.turn")
