@@ -200,6 +200,8 @@ class _Connection:
         self._direct = 0
         self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
+        #: Turns already told to stop: each is cancelled once (see :meth:`_cancel_turns`).
+        self._cancelled: set[asyncio.Task[None]] = set()
         self.closed = False
         self._reader: asyncio.Task[tuple[int, bool]] | None = None
         self._writer_task: asyncio.Task[None] | None = None
@@ -224,8 +226,7 @@ class _Connection:
             self.closed = True
             lifetime.cancel()
             watchdog.cancel()
-            for task in list(self.turns):
-                task.cancel()
+            self._cancel_turns()
             # Wait for the cancelled turns (their backends see the cancellation) before dropping state.
             await asyncio.gather(lifetime, watchdog, *self.turns, return_exceptions=True)
             self.session.close()
@@ -274,13 +275,21 @@ class _Connection:
         self._aborted = True
         self._usable = False
         self.mode.aborted += 1
-        for task in self.turns:
-            task.cancel()
+        self._cancel_turns()
         if self._reader is not None:
             self._reader.cancel()
         if self._writer_task is not None:
             self._writer_task.cancel()
         self._discard_outbound()  # wakes anything waiting to queue an event
+
+    def _cancel_turns(self) -> None:
+        """Cancel every turn, each once. A peer that leaves is seen twice (a write fails, then the
+        reader gets the disconnect), and the first cancellation starts the turn's unwinding: the
+        backend's stream being closed, which is what stops the engine. A second one would land in
+        that close and could cut it short."""
+        for task in self.turns - self._cancelled:
+            self._cancelled.add(task)
+            task.cancel()
 
     def _discard_outbound(self) -> None:
         while not self.outbound.empty():
@@ -309,10 +318,14 @@ class _Connection:
         for pending in self.session.startable():
             task = asyncio.ensure_future(self._turn(pending))
             self.turns.add(task)
-            task.add_done_callback(self.turns.discard)
+            task.add_done_callback(self._forget)
         if self.session.close_code is not None:
             self._queued += 1
             await self.outbound.put(_CLOSE)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self.turns.discard(task)
+        self._cancelled.discard(task)
 
     async def _send(self, event: ev.Event) -> None:
         if self.closed or not self._usable:
@@ -339,8 +352,7 @@ class _Connection:
             await self._asgi_send({"type": "websocket.send", "text": data.decode()})
         except Exception:  # the peer went away: stop generating for it
             self._usable = False
-            for task in self.turns:
-                task.cancel()
+            self._cancel_turns()
         finally:
             self._write_started = None
 

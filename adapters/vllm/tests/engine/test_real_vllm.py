@@ -103,8 +103,6 @@ LATE_FRAMES = "frames from the client were read late by the in-thread network se
 
 
 def test_a_client_leaving_mid_stream_aborts_the_engine_request(target: Target) -> None:
-    if target.mode == "network":
-        pytest.skip(LATE_FRAMES)
     with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on forever.", **ENDLESS}))
         response_id = ""
@@ -121,8 +119,6 @@ def test_a_client_leaving_mid_stream_aborts_the_engine_request(target: Target) -
 
 
 def test_steering_aborts_the_engine_request_and_the_successor_continues_it(target: Target) -> None:
-    if target.mode == "network":
-        pytest.skip(LATE_FRAMES)
     events: list[dict[str, Any]] = []
 
     def until(kind: str) -> dict[str, Any]:
