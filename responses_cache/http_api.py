@@ -387,8 +387,11 @@ class _EventStream(StreamingResponse):
                 await task
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            # The watcher has already cancelled the turn when it saw the disconnect: a second
+            # cancellation could cut short the close of the backend's stream (the engine's abort).
+            disconnected = watcher.done() and not watcher.cancelled() and watcher.exception() is None
             watcher.cancel()
-            if not task.done():
+            if not task.done() and not disconnected:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -217,6 +217,8 @@ class _Connection:
         self._direct = 0
         self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
+        #: Turns already told to stop: each is cancelled once (see :meth:`_cancel_turns`).
+        self._cancelled: set[asyncio.Task[None]] = set()
         self.closed = False
         self._reader: asyncio.Task[tuple[int, bool]] | None = None
         self._writer_task: asyncio.Task[None] | None = None
@@ -239,13 +241,13 @@ class _Connection:
             disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
             self.closed = True
-            helpers = [lifetime, watchdog, *self.turns]
-            for task in helpers:
-                task.cancel()
+            lifetime.cancel()
+            watchdog.cancel()
+            self._cancel_turns()
             try:
                 # Wait for the cancelled turns (their backends see the cancellation) before
                 # dropping state. Cancelled meanwhile (server shutdown): the state is still freed.
-                await _settle(helpers)
+                await _settle([lifetime, watchdog, *self.turns])
             except BaseException:
                 writer.cancel()
                 raise
@@ -295,13 +297,21 @@ class _Connection:
         self._aborted = True
         self._usable = False
         self.mode.aborted += 1
-        for task in self.turns:
-            task.cancel()
+        self._cancel_turns()
         if self._reader is not None:
             self._reader.cancel()
         if self._writer_task is not None:
             self._writer_task.cancel()
         self._discard_outbound()  # wakes anything waiting to queue an event
+
+    def _cancel_turns(self) -> None:
+        """Cancel every turn, each once. A peer that leaves is seen twice (a write fails, then the
+        reader gets the disconnect), and the first cancellation starts the turn's unwinding: the
+        backend's stream being closed, which is what stops the engine. A second one would land in
+        that close and could cut it short."""
+        for task in self.turns - self._cancelled:
+            self._cancelled.add(task)
+            task.cancel()
 
     def _discard_outbound(self) -> None:
         while not self.outbound.empty():
@@ -330,10 +340,14 @@ class _Connection:
         for pending in self.session.startable():
             task = asyncio.ensure_future(self._turn(pending))
             self.turns.add(task)
-            task.add_done_callback(self.turns.discard)
+            task.add_done_callback(self._forget)
         if self.session.close_code is not None:
             self._queued += 1
             await self.outbound.put(_CLOSE)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self.turns.discard(task)
+        self._cancelled.discard(task)
 
     async def _send(self, event: ev.Event) -> None:
         if self.closed or not self._usable:
@@ -360,8 +374,7 @@ class _Connection:
             await self._asgi_send({"type": "websocket.send", "text": data.decode()})
         except Exception:  # the peer went away: stop generating for it
             self._usable = False
-            for task in self.turns:
-                task.cancel()
+            self._cancel_turns()
         finally:
             self._write_started = None
 

@@ -30,6 +30,7 @@ from ..protocol.response import Usage
 from ..protocol.tools import ToolSet
 from ..routing import Route
 from ..tokens.log import TokenLog
+from .closing import close_stream
 
 #: The most tokens a summary may take (``ServerConfig.compaction_max_output_tokens``).
 DEFAULT_SUMMARY_TOKENS = 4096
@@ -136,7 +137,7 @@ async def summarize(
             # A tool call is not a summary: its tokens are counted, its text is not kept.
     finally:
         with contextlib.suppress(Exception):
-            await stream.aclose()
+            await close_stream(stream)
     text = "".join(pieces).strip()
     if prompt is not None and renderer is not None:
         input_tokens = prompt.num_tokens + len(renderer.generation_prompt)

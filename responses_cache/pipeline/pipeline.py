@@ -73,6 +73,7 @@ from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
 from ..tracing import NO_STAGE, NO_TRACER, StageSpan, Tracer, TurnSpan, trace_id_of
 from .append import AwaitingInput
+from .closing import close_stream
 from .compact import DEFAULT_SUMMARY_TOKENS, Summary, compact_threshold, summarize
 from .generate import Emit, OutputBuilder
 from .hooks import Flag, HookContext, HookRunner, Verdict
@@ -509,10 +510,9 @@ class Pipeline:
                 code, message = "server_error", "The server had an error while processing your request."
             status, error = "failed", ResponseErrorInfo(code, message)
         finally:
-            aclose = getattr(opened, "aclose", None)  # started, but never handed to _generate
-            if aclose is not None:
+            if opened is not None:  # started, but never handed to _generate
                 with contextlib.suppress(Exception):
-                    await aclose()
+                    await close_stream(opened)
             first_token.end()  # a response that streamed nothing
             engine.end()
             clock.stop()
@@ -944,11 +944,11 @@ class Pipeline:
             if step is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await step
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            if watcher is not None and finish is None:
-                watcher.cancel()
+            try:
+                await close_stream(stream)  # to the end, even if the turn is cancelled again meanwhile
+            finally:
+                if watcher is not None and finish is None:
+                    watcher.cancel()
         if watcher is not None:
             flag, states = await watcher
             return flag, states, finish
