@@ -21,6 +21,7 @@ from .billing import Biller
 from .compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
 from .hot import HotCache
 from .http_api import HTTPApi
+from .input_rate import InputRate, InputRateLimits
 from .lifecycle import Resources
 from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline.compact import DEFAULT_SUMMARY_TOKENS
@@ -80,6 +81,9 @@ class ServerConfig:
     process_input_bytes: int | None = DEFAULT_PROCESS_INPUT_BYTES
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Input bytes per second a WebSocket connection, and a tenant's connections together, may
+    #: send before the server stops reading them (``None``: no input rate limit).
+    input_rate: InputRateLimits | None = field(default_factory=InputRateLimits)
     #: The process-wide parsed-tools cache, in bytes.
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     #: Renders that tokenize at least this many characters run on a worker thread.
@@ -180,6 +184,7 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         process_cache_bytes=connection_bytes,
         input_budget=InputBudget(cfg.process_input_bytes) if cfg.process_input_bytes else None,
         write_timeout_s=cfg.write_timeout_s,
+        input_rate=InputRate(cfg.input_rate) if cfg.input_rate is not None else None,
         # Started in this order, closed in reverse: billing outlives the backends and the store,
         # and the pipeline's tokenizer threads go last. A backend's start (an engine adapter's
         # tokenizer handshake) may refuse the start-up.
@@ -228,7 +233,7 @@ def app_for(service: Service) -> Starlette:
     starts and closes the service."""
     api = HTTPApi(
         service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget,
-        background=service.background,
+        background=service.background, input_rate=service.input_rate,
     )
     routes = api.routes()
     metrics = service.metrics

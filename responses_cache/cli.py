@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import ServerConfig, create_app
     from .backends import load_backend
+    from .input_rate import InputRateLimits
     from .serving import ConnectionLimits, uvicorn_config
     from .session import SessionConfig
     from .settings import SESSION_SETTINGS, SettingsError, load_settings
@@ -48,6 +49,12 @@ def _serve(args: argparse.Namespace) -> int:
         billing = _biller(settings)
         store = _store(settings)
         sealer = _sealer(settings.sealing_key)
+        input_rate = InputRateLimits(
+            connection_bytes_per_s=settings.input_bytes_per_s or None,
+            connection_burst_bytes=settings.input_burst_bytes,
+            tenant_bytes_per_s=settings.tenant_input_bytes_per_s or None,
+            tenant_burst_bytes=settings.tenant_input_burst_bytes,
+        )
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
@@ -89,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         own_store=True,
         process_input_bytes=settings.process_input_bytes,
         write_timeout_s=settings.write_timeout_s,
+        input_rate=input_rate,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
         truncation_headroom=settings.truncation_headroom,

@@ -14,6 +14,7 @@ from types import TracebackType
 
 from .auth import Authenticator
 from .background import BackgroundRunner
+from .input_rate import InputRate
 from .lifecycle import Resources
 from .metrics import Metrics
 from .routing import DEFAULT_CONTEXT_WINDOW
@@ -55,6 +56,8 @@ class Service:
     input_budget: InputBudget | None = field(default_factory=lambda: InputBudget(DEFAULT_PROCESS_INPUT_BYTES))
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Input bytes per second per WebSocket connection and per tenant (``None``: unlimited).
+    input_rate: InputRate | None = field(default_factory=InputRate)
     resources: Resources = field(default_factory=lambda: Resources(()))
     #: Runs ``background: true`` responses (HTTP only; ``None``: background mode is refused).
     background: BackgroundRunner | None = None
