@@ -33,6 +33,7 @@ from .routing import Route, Router, StaticRouter
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_OUTBOUND_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
     DEFAULT_PROCESS_INPUT_BYTES,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -81,9 +82,13 @@ class ServerConfig:
     process_input_bytes: int | None = DEFAULT_PROCESS_INPUT_BYTES
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
-    #: Input bytes per second a WebSocket connection, and a tenant's connections together, may
-    #: send before the server stops reading them (``None``: no input rate limit).
-    input_rate: InputRateLimits | None = field(default_factory=InputRateLimits)
+    #: Bytes of events queued for one WebSocket peer (one event always fits); beyond it the turns
+    #: producing more wait for the peer to read.
+    outbound_bytes: int = DEFAULT_OUTBOUND_BYTES
+    #: Input bytes per second a WebSocket connection, and a tenant's connections and request bodies
+    #: together, may send before the server stops reading them (``None``: no input rate limit; an
+    #: :class:`~responses_cache.input_rate.InputRate` is used as it is, e.g. shared by two apps).
+    input_rate: InputRateLimits | InputRate | None = field(default_factory=InputRateLimits)
     #: The process-wide parsed-tools cache, in bytes.
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     #: Renders that tokenize at least this many characters run on a worker thread.
@@ -184,7 +189,8 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         process_cache_bytes=connection_bytes,
         input_budget=InputBudget(cfg.process_input_bytes) if cfg.process_input_bytes else None,
         write_timeout_s=cfg.write_timeout_s,
-        input_rate=InputRate(cfg.input_rate) if cfg.input_rate is not None else None,
+        outbound_bytes=cfg.outbound_bytes,
+        input_rate=InputRate(cfg.input_rate) if isinstance(cfg.input_rate, InputRateLimits) else cfg.input_rate,
         # Started in this order, closed in reverse: billing outlives the backends and the store,
         # and the pipeline's tokenizer threads go last. A backend's start (an engine adapter's
         # tokenizer handshake) may refuse the start-up.

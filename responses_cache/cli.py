@@ -97,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         process_input_bytes=settings.process_input_bytes,
         write_timeout_s=settings.write_timeout_s,
         input_rate=input_rate,
+        outbound_bytes=settings.outbound_bytes,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
         truncation_headroom=settings.truncation_headroom,

@@ -22,6 +22,7 @@ from .protocol.tools import DEFAULT_TOOL_CACHE_BYTES
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_OUTBOUND_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
     DEFAULT_PROCESS_INPUT_BYTES,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -131,6 +132,8 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     context_window: int = DEFAULT_CONTEXT_WINDOW
     process_input_bytes: int = DEFAULT_PROCESS_INPUT_BYTES
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Bytes of events queued for one WebSocket peer before the turns producing more wait.
+    outbound_bytes: int = DEFAULT_OUTBOUND_BYTES
     #: Input rate limits (WebSocket): bytes per second one connection, and one tenant's connections
     #: together, may send before the server stops reading them; the burst is what may arrive at
     #: once. A rate of 0 turns that limit off.

@@ -81,7 +81,7 @@ class WebSocketMode:
         *,
         paths: Sequence[str] = ("/v1/responses",),
         outbound_queue: int = 1024,
-        outbound_bytes: int = 1024 * 1024,
+        outbound_bytes: int | None = None,
         resolves_previous_response_ids: bool | None = None,
     ) -> None:
         self.app = app
@@ -97,7 +97,7 @@ class WebSocketMode:
         self.outbound_queue = outbound_queue
         #: Bytes of encoded events queued per connection (one event is always let in, whatever
         #: its size): beyond it, whoever produces the next event waits for the peer to read.
-        self.outbound_bytes = outbound_bytes
+        self.outbound_bytes = outbound_bytes if outbound_bytes is not None else service.outbound_bytes
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
         self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
         #: A write (an event, the close frame) that takes longer aborts the connection.
@@ -105,6 +105,8 @@ class WebSocketMode:
         #: Connections aborted because a write timed out or the lifetime grace ran out.
         self.aborted = 0
         self.connections = 0
+        #: The most bytes of events ever queued for one connection.
+        self.outbound_peak = 0
 
     @property
     def config(self) -> SessionConfig:
@@ -360,6 +362,7 @@ class _Connection:
             self._drained.clear()
             await self._drained.wait()
         self._queued_bytes += len(data)
+        self.mode.outbound_peak = max(self.mode.outbound_peak, self._queued_bytes)
         await self.outbound.put(data)
 
     async def _write(self, data: bytes) -> None:
