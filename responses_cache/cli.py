@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing import Biller
+    from .input_rate import InputRateLimits
     from .metrics import Metrics
     from .settings import ServeSettings
     from .store import ResponseStore
@@ -26,7 +27,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import ServerConfig, create_app
     from .backends import load_backend
-    from .input_rate import InputRateLimits
     from .serving import ConnectionLimits, uvicorn_config
     from .session import SessionConfig
     from .settings import SESSION_SETTINGS, SettingsError, load_settings
@@ -49,12 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
         billing = _biller(settings)
         store = _store(settings)
         sealer = _sealer(settings.sealing_key)
-        input_rate = InputRateLimits(
-            connection_bytes_per_s=settings.input_bytes_per_s or None,
-            connection_burst_bytes=settings.input_burst_bytes,
-            tenant_bytes_per_s=settings.tenant_input_bytes_per_s or None,
-            tenant_burst_bytes=settings.tenant_input_burst_bytes,
-        )
+        input_rate = input_rate_limits(settings)
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
@@ -121,6 +116,18 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(server).run()
     return 0
+
+
+def input_rate_limits(settings: ServeSettings) -> InputRateLimits:
+    """The input rate limits the settings give (a rate of 0: that limit off)."""
+    from .input_rate import InputRateLimits
+
+    return InputRateLimits(
+        connection_bytes_per_s=settings.input_bytes_per_s or None,
+        connection_burst_bytes=settings.input_burst_bytes,
+        tenant_bytes_per_s=settings.tenant_input_bytes_per_s or None,
+        tenant_burst_bytes=settings.tenant_input_burst_bytes,
+    )
 
 
 def _sealer(key: str | None) -> Any:

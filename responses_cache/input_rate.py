@@ -1,18 +1,19 @@
 """Input rate limits: how many request bytes per second one connection, and one tenant's
-connections together, may have the server take (see ``docs/limits.md``).
+connections and request bodies together, may have the server take (see ``docs/limits.md``).
 
 Each limit is a token bucket of bytes: it holds up to ``burst`` bytes and refills at ``rate`` bytes
 per second. A frame is taken only while its connection's bucket and its tenant's bucket are both
 out of debt, and is then charged to both (a large frame may put them in debt); until they are out
-of debt again the connection takes nothing more. The
-WebSocket edge waits *before* decoding the frame and before asking the server for the next one,
-so a client that sends faster than its budget is not read: its bytes wait in its own socket
-buffers, TCP slows its sends, and the event loop never sees them. (uvicorn stops reading a
-WebSocket's socket while a received message waits for the app; see ``WebSocketMode``.)
+of debt again the connection takes nothing more. The WebSocket edge waits *before* decoding the
+frame and before asking the server for the next one, so a client that sends faster than its
+budget is not read: its bytes wait in its own socket buffers, TCP slows its sends, and the event
+loop never sees them (uvicorn stops reading a WebSocket's socket while a received message waits
+for the app; see :mod:`~responses_cache.websocket`).
 
 Over any span of ``t`` seconds a connection (or a tenant's connections together) is thus taken at
-most ``burst + rate * t`` bytes plus one frame. Sans-I/O: the buckets read a clock they are given and say how
-long to wait; :class:`ConnectionInput.admit` does the waiting with a sleep it is given.
+most ``burst + rate * t`` bytes plus one frame. The buckets read the clock they are given and say
+how long to wait; :meth:`ConnectionInput.admit` waits with the sleep it is given (tests run both
+on a logical clock).
 """
 
 from __future__ import annotations

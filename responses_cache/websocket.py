@@ -19,8 +19,9 @@ A client cannot make the event loop take its frames faster than its input rate
 (:mod:`~.input_rate`): each frame is charged to the connection's and its tenant's budget before it
 is decoded, and while either is in debt the reader neither decodes it nor asks the server for the
 next frame. uvicorn stops reading a WebSocket's socket while a message it has received waits for
-the app (its ``websockets`` implementation, the default), so the rest of the client's frames wait in
-the client's own socket buffers: a flooding client slows itself, not the loop.
+the app (its ``websockets-sansio`` implementation, the one ``ws="auto"`` picks), so the rest of
+the client's frames wait in the client's own socket buffers: a flooding client slows itself, not
+the loop. Events waiting for a peer are bounded in bytes too (``outbound_bytes``).
 """
 
 from __future__ import annotations
