@@ -5,15 +5,17 @@ normal WebSocket client — a chained conversation, one ``response.create`` afte
 side by side in one run:
 
 * **quiet**: alone;
-* **noisy**: while a second client, in its own threads, keeps sending what used to stall or pin
-  the server: a 10 MB one-word input (tokenized to be refused ``context_length_exceeded``),
+* **noisy**: while a second client (another tenant: its own API key), in its own threads, keeps
+  sending what used to stall or pin the server: a 10 MB one-word input (tokenized to be refused ``context_length_exceeded``),
   distinct 8 MB tool lists on rejected requests, JSON nested 1,000 levels deep, ``tools`` entries
   that are not objects, invalid UTF-8, and WebSocket connections that queue large creates and
   never read.
 
 It prints the normal client's p50/p90/p99 turn time in each run and the noisy/quiet ratios (the
 goal: p99 at most 2x), a second quiet run afterwards (the machine's own noise), how many bad requests
-the neighbour got answered, and the server's resident memory after each run.
+the neighbour got answered, the server's CPU time and resident memory after each run, and how many
+bytes of large WebSocket frames the neighbour got sent (``--set`` passes serve settings, e.g. the
+input rate limits: ``--set tenant_input_bytes_per_s=0`` turns the tenant's off).
 
     python benchmarks/noisy_neighbour.py --turns 200
     python benchmarks/noisy_neighbour.py --retained 10     # what the neighbour leaves behind
