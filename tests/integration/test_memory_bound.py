@@ -41,7 +41,7 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one server per client: nothing left over from another test
 def server() -> Iterator[tuple[int, str]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
