@@ -5,15 +5,17 @@ normal WebSocket client — a chained conversation, one ``response.create`` afte
 side by side in one run:
 
 * **quiet**: alone;
-* **noisy**: while a second client, in its own threads, keeps sending what used to stall or pin
-  the server: a 10 MB one-word input (tokenized to be refused ``context_length_exceeded``),
+* **noisy**: while a second client (another tenant: its own API key), in its own threads, keeps
+  sending what used to stall or pin the server: a 10 MB one-word input (tokenized to be refused ``context_length_exceeded``),
   distinct 8 MB tool lists on rejected requests, JSON nested 1,000 levels deep, ``tools`` entries
   that are not objects, invalid UTF-8, and WebSocket connections that queue large creates and
   never read.
 
 It prints the normal client's p50/p90/p99 turn time in each run and the noisy/quiet ratios (the
 goal: p99 at most 2x), a second quiet run afterwards (the machine's own noise), how many bad requests
-the neighbour got answered, and the server's resident memory after each run.
+the neighbour got answered, the server's CPU time and resident memory after each run, and how many
+bytes of large WebSocket frames the neighbour got sent (``--set`` passes serve settings, e.g. the
+input rate limits: ``--set tenant_input_bytes_per_s=0`` turns the tenant's off).
 
     python benchmarks/noisy_neighbour.py --turns 200
     python benchmarks/noisy_neighbour.py --retained 10     # what the neighbour leaves behind
@@ -44,12 +46,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start_server(port: int) -> subprocess.Popen[bytes]:
+#: The two tenants: the normal client's key and the neighbour's.
+NORMAL_KEY, NOISY_KEY = "sk-normal", "sk-noisy"
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def _start_server(port: int, settings: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``responses-cache serve`` with default limits (``settings``: ``RESPONSES_CACHE_*`` overrides)."""
     code = f"from responses_cache.cli import main; raise SystemExit(main(['serve', '--port', '{port}']))"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, "RESPONSES_CACHE_API_KEYS": f"{NORMAL_KEY},{NOISY_KEY}", **(settings or {})}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     for _ in range(200):
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(NORMAL_KEY), timeout=1).status_code == 200:
                 return proc
         except httpx.TransportError:
             time.sleep(0.1)
@@ -65,6 +77,13 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _turn(ws: Connection, body: dict[str, object]) -> dict[str, object]:
     ws.send(json.dumps({"type": "response.create", **body}))
     while True:
@@ -76,7 +95,7 @@ def _turn(ws: Connection, body: dict[str, object]) -> dict[str, object]:
 def normal_client(url: str, turns: int) -> list[float]:
     """A chained conversation; the time of each turn (send to ``response.completed``)."""
     times: list[float] = []
-    with connect(url, max_size=None, compression=None) as ws:
+    with connect(url, max_size=None, compression=None, additional_headers=_auth(NORMAL_KEY)) as ws:
         previous = None
         for i in range(turns):
             body: dict[str, object] = {"model": "sim-1", "input": f"step {i}: summarise the change", "store": False}
@@ -99,6 +118,10 @@ class Neighbour:
         self.stop = threading.Event()
         self.answered: dict[str, int] = {}
         self.unexpected: list[str] = []
+        #: Open non-reading connections (dropped at the stop: their sends may wait on the server's
+        #: input rate limit), and the bytes of the frames they got sent.
+        self.hogs: set[Connection] = set()
+        self.sent_bytes = 0
         deep = "[" * 1000 + "]" * 1000
         big_word = b"a" * (10 * 1024 * 1024)
         self.http_bodies: list[tuple[str, Callable[[int], bytes]]] = [
@@ -120,7 +143,7 @@ class Neighbour:
     def http_loop(self, name: str, make: Callable[[int], bytes]) -> None:
         """One kind of bad HTTP request, sent again as soon as it is answered."""
         i = 0
-        with httpx.Client(base_url=f"http://127.0.0.1:{self.port}/v1", timeout=120) as client:
+        with httpx.Client(base_url=f"http://127.0.0.1:{self.port}/v1", timeout=120, headers=_auth(NOISY_KEY)) as client:
             while not self.stop.is_set():
                 r = client.post("/responses", content=make(i), headers={"content-type": "application/json"})
                 if r.status_code >= 500 or r.status_code < 400:
@@ -133,15 +156,20 @@ class Neighbour:
         """A connection that sends 20 large creates and never reads (its client stops taking
         frames once its queue is full), then drops the socket without a close handshake."""
         url = f"ws://127.0.0.1:{self.port}/v1/responses"
-        hog = connect(url, max_size=None, compression=None, max_queue=1)
+        hog = connect(url, max_size=None, compression=None, max_queue=1, additional_headers=_auth(NOISY_KEY))
+        self.hogs.add(hog)
         try:
             for lane in range(20):
                 if self.stop.is_set():
                     break
                 hog.send(self.big_frame.replace('"type"', f'"stream_id":"l{lane}","type"', 1))
+                self.sent_bytes += len(self.big_frame)
             self._count("unread 20 x 4MB creates (WebSocket)")
             self.stop.wait(5.0)
+        except OSError:
+            pass  # dropped by the stop below while a send waited on the server
         finally:
+            self.hogs.discard(hog)
             hog.socket.close()  # abruptly: the server sees the connection drop
 
     def ws_loop(self) -> None:
@@ -155,7 +183,7 @@ class Neighbour:
                 hog.start()
                 hogs.append(hog)
             # ...while another sends deeply nested frames and expects an error each time.
-            with connect(url, max_size=None) as ws:
+            with connect(url, max_size=None, additional_headers=_auth(NOISY_KEY)) as ws:
                 for _ in range(20):
                     ws.send(self.deep_frame)
                     event = json.loads(ws.recv(timeout=120))
@@ -163,6 +191,9 @@ class Neighbour:
                         self.unexpected.append(f"deep nesting over WebSocket: {event['type']}")
                     self._count("deep nesting (WebSocket)")
             self.stop.wait(0.5)
+        for open_hog in list(self.hogs):
+            with contextlib.suppress(OSError):
+                open_hog.socket.shutdown(socket.SHUT_RDWR)  # a send waiting on the server fails now
         for hog in hogs:
             hog.join(30)
 
@@ -190,7 +221,8 @@ def neighbour_process(port: int, only: str | None) -> int:
     neighbour.stop.set()
     for thread in threads:
         thread.join(180)
-    print(json.dumps({"answered": neighbour.answered, "unexpected": neighbour.unexpected}), flush=True)
+    report = {"answered": neighbour.answered, "unexpected": neighbour.unexpected, "ws_sent_bytes": neighbour.sent_bytes}
+    print(json.dumps(report), flush=True)
     return 0
 
 
@@ -249,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=150, help="turns of the normal client per run")
     parser.add_argument("--neighbour", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("http", "ws"), help="the neighbour's HTTP inputs only, or its WebSocket ones")
+    parser.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
+                        help="a serve setting for the server (repeatable), e.g. --set tenant_input_bytes_per_s=4194304")
     parser.add_argument("--retained", type=float, metavar="SECONDS",
                         help="instead: run the neighbour this long against an in-process server and report what stays held")
     args = parser.parse_args(argv)
@@ -257,18 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.retained:
         return retained(args.retained)
     port = _free_port()
-    server = _start_server(port)
+    settings = {"RESPONSES_CACHE_" + k.upper(): v for k, _, v in (item.partition("=") for item in args.set)}
+    server = _start_server(port, settings)
     url = f"ws://127.0.0.1:{port}/v1/responses"
     try:
         normal_client(url, 10)  # warm up (tokenizer, caches)
+        cpu = [_cpu_s(server.pid)]
         quiet = normal_client(url, args.turns)
+        cpu.append(_cpu_s(server.pid))
         quiet_rss = _rss_mib(server.pid)
         noisy_proc = subprocess.Popen(
             [sys.executable, __file__, "--neighbour", str(port), *(["--only", args.only] if args.only else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         time.sleep(2.0)  # let the neighbour get going
+        noisy_started = time.perf_counter()
         noisy = normal_client(url, args.turns)
+        noisy_s = time.perf_counter() - noisy_started + 2.0
+        cpu.append(_cpu_s(server.pid))
         out, _ = noisy_proc.communicate(b"", timeout=300)
         report = json.loads(out.decode().strip().splitlines()[-1])
         noisy_rss = _rss_mib(server.pid)
@@ -286,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"noisy/quiet   {_p(noisy, 50) / _p(quiet, 50):>10.2f}{_p(noisy, 90) / _p(quiet, 90):>10.2f}"
           f"{_p(noisy, 99) / _p(quiet, 99):>10.2f}   (goal: p99 <= 2x)")
     print("neighbour's requests answered:", ", ".join(f"{k}: {v}" for k, v in sorted(report["answered"].items())))
+    print(f"large WebSocket frames the server took from the neighbour: {report['ws_sent_bytes'] / 2**20:.0f} MiB "
+          f"in {noisy_s:.1f} s")
+    print(f"server CPU: {cpu[1] - cpu[0]:.1f} s in the quiet run, {cpu[2] - cpu[1]:.1f} s in the noisy run "
+          f"(its {noisy_s:.1f} s, the neighbour's head start included)")
     print(f"server RSS after the quiet run {quiet_rss:.0f} MiB, after the noisy run {noisy_rss:.0f} MiB")
     if report["unexpected"]:
         print("UNEXPECTED:", *report["unexpected"][:10], sep="\n  ")

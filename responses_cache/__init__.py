@@ -39,6 +39,7 @@ from .billing import (
     WebhookSink,
 )
 from .host import HostScope
+from .input_rate import InputRateLimits
 from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline import Hook, HookContext, Limits, Verdict
 from .protocol.errors import ResponsesError
@@ -70,6 +71,7 @@ __all__ = [
     "HookContext",
     "HostScope",
     "InMemoryMetrics",
+    "InputRateLimits",
     "JsonlSink",
     "Limits",
     "MemoryRateLimiter",

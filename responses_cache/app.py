@@ -22,6 +22,7 @@ from .compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
 from .fairness import FairGate
 from .hot import HotCache
 from .http_api import HTTPApi
+from .input_rate import InputRate, InputRateLimits
 from .lifecycle import Resources
 from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
 from .pipeline.compact import DEFAULT_SUMMARY_TOKENS
@@ -34,6 +35,7 @@ from .routing import Route, Router, StaticRouter
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_OUTBOUND_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
     DEFAULT_PROCESS_INPUT_BYTES,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -82,6 +84,13 @@ class ServerConfig:
     process_input_bytes: int | None = DEFAULT_PROCESS_INPUT_BYTES
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Bytes of events queued for one WebSocket peer (one event always fits); beyond it the turns
+    #: producing more wait for the peer to read.
+    outbound_bytes: int = DEFAULT_OUTBOUND_BYTES
+    #: Input bytes per second a WebSocket connection, and a tenant's connections and request bodies
+    #: together, may send before the server stops reading them (``None``: no input rate limit; an
+    #: :class:`~responses_cache.input_rate.InputRate` is used as it is, e.g. shared by two apps).
+    input_rate: InputRateLimits | InputRate | None = field(default_factory=InputRateLimits)
     #: The process-wide parsed-tools cache, in bytes.
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     #: Renders that tokenize at least this many characters run on a worker thread.
@@ -196,6 +205,8 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         process_cache_bytes=connection_bytes,
         input_budget=InputBudget(cfg.process_input_bytes) if cfg.process_input_bytes else None,
         write_timeout_s=cfg.write_timeout_s,
+        outbound_bytes=cfg.outbound_bytes,
+        input_rate=InputRate(cfg.input_rate) if isinstance(cfg.input_rate, InputRateLimits) else cfg.input_rate,
         # Started in this order, closed in reverse: billing outlives the backends and the store,
         # and the pipeline's tokenizer threads go last. A backend's start (an engine adapter's
         # tokenizer handshake) may refuse the start-up.
@@ -244,7 +255,7 @@ def app_for(service: Service) -> Starlette:
     starts and closes the service."""
     api = HTTPApi(
         service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget,
-        background=service.background,
+        background=service.background, input_rate=service.input_rate,
     )
     routes = api.routes()
     metrics = service.metrics

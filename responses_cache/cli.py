@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing import Biller
+    from .input_rate import InputRateLimits
     from .metrics import Metrics
     from .quotas import QuotaConfig, RateLimiter
     from .settings import ServeSettings
@@ -53,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         if settings.engine_slots is not None and settings.engine_slots < 1:
             raise ValueError(f"engine_slots must be at least 1, not {settings.engine_slots}")
         limiter = _rate_limiter(settings) if quotas is not None else None
+        input_rate = input_rate_limits(settings)
     except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
@@ -94,6 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
         own_store=True,
         process_input_bytes=settings.process_input_bytes,
         write_timeout_s=settings.write_timeout_s,
+        input_rate=input_rate,
+        outbound_bytes=settings.outbound_bytes,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
         truncation_headroom=settings.truncation_headroom,
@@ -120,6 +124,18 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(server).run()
     return 0
+
+
+def input_rate_limits(settings: ServeSettings) -> InputRateLimits:
+    """The input rate limits the settings give (a rate of 0: that limit off)."""
+    from .input_rate import InputRateLimits
+
+    return InputRateLimits(
+        connection_bytes_per_s=settings.input_bytes_per_s or None,
+        connection_burst_bytes=settings.input_burst_bytes,
+        tenant_bytes_per_s=settings.tenant_input_bytes_per_s or None,
+        tenant_burst_bytes=settings.tenant_input_burst_bytes,
+    )
 
 
 def _sealer(key: str | None) -> Any:

@@ -18,6 +18,7 @@ from . import listing
 from .auth import Authenticator
 from .backends.base import BackendError
 from .background import BackgroundRunner, Frame
+from .input_rate import InputRate
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import (
@@ -59,6 +60,7 @@ class HTTPApi:
         max_body_bytes: int,
         input_budget: InputBudget | None = None,
         background: BackgroundRunner | None = None,
+        input_rate: InputRate | None = None,
     ) -> None:
         self.service = service
         self.authenticator = authenticator
@@ -68,6 +70,8 @@ class HTTPApi:
         self.input_budget = input_budget
         #: Runs ``background: true`` responses (``None``: they are refused).
         self.background = background
+        #: Input bytes per second per tenant (shared with WebSocket mode): a body is read no faster.
+        self.input_rate = input_rate
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         limited = self._rate_headers
@@ -132,18 +136,27 @@ class HTTPApi:
         request.state.tenant = tenant
         return tenant
 
-    async def _body(self, request: Request, charge: _Charge) -> bytes:
+    async def _body(self, request: Request, charge: _Charge, tenant: str) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
-            charge.take(len(chunk))  # charged as it is read, as a WebSocket frame is
-            chunks.append(chunk)
+        # The tenant's input rate: while it is in debt the next chunk is not asked for, and the
+        # server stops reading the socket once its small body buffer is full.
+        rate = self.input_rate.open(tenant, per_connection=False) if self.input_rate is not None else None
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise _too_large(self.max_body_bytes)
+                if rate is not None:
+                    await rate.admit(len(chunk))
+                charge.take(len(chunk))  # charged as it is read, as a WebSocket frame is
+                chunks.append(chunk)
+        finally:
+            if rate is not None:
+                rate.close()
         return b"".join(chunks)
 
     async def create(self, request: Request) -> HTTPResponse:
@@ -167,7 +180,7 @@ class HTTPApi:
         try:
             tenant = await self._tenant(request)
             charge.admission = await self._admit(request, tenant)
-            raw = await self._body(request, charge)
+            raw = await self._body(request, charge, tenant)
             body = decode_create(raw)
             if len(raw) >= _LARGE_BODY:
                 await asyncio.sleep(0)  # decoding took a while: let other requests run in between
@@ -301,7 +314,7 @@ class HTTPApi:
         charge = _Charge(self.input_budget)
         try:
             tenant = await self._tenant(request)
-            body = decode_count(await self._body(request, charge))
+            body = decode_count(await self._body(request, charge, tenant))
             count = await self.service.count_input_tokens(body, tenant)
         except ResponsesError as exc:
             return error_response(exc)
@@ -321,7 +334,7 @@ class HTTPApi:
         try:
             tenant = await self._tenant(request)
             charge.admission = await self._admit(request, tenant)
-            body = decode_create(await self._body(request, charge))
+            body = decode_create(await self._body(request, charge, tenant))
             admission, charge.admission = charge.admission, None
             compacted = await self.service.compact(body, tenant, admission)
         except ResponsesError as exc:

@@ -14,6 +14,7 @@ from types import TracebackType
 
 from .auth import Authenticator
 from .background import BackgroundRunner
+from .input_rate import InputRate
 from .lifecycle import Resources
 from .metrics import Metrics
 from .routing import DEFAULT_CONTEXT_WINDOW
@@ -24,6 +25,7 @@ from .session import InputBudget, SessionConfig
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_OUTBOUND_BYTES",
     "DEFAULT_PROCESS_CACHE_BYTES",
     "DEFAULT_PROCESS_INPUT_BYTES",
     "DEFAULT_WRITE_TIMEOUT_S",
@@ -34,6 +36,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PROCESS_CACHE_BYTES = 4 * 1024**3
 DEFAULT_PROCESS_INPUT_BYTES = 1024**3
 DEFAULT_WRITE_TIMEOUT_S = 30.0
+DEFAULT_OUTBOUND_BYTES = 1024 * 1024
 
 
 @dataclass(eq=False)
@@ -55,6 +58,11 @@ class Service:
     input_budget: InputBudget | None = field(default_factory=lambda: InputBudget(DEFAULT_PROCESS_INPUT_BYTES))
     #: A WebSocket write that waits on the peer longer aborts the connection.
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Bytes of events queued for one WebSocket peer (one event always fits); beyond it the turns
+    #: producing more wait for the peer to read.
+    outbound_bytes: int = DEFAULT_OUTBOUND_BYTES
+    #: Input bytes per second per WebSocket connection and per tenant (``None``: unlimited).
+    input_rate: InputRate | None = field(default_factory=InputRate)
     resources: Resources = field(default_factory=lambda: Resources(()))
     #: Runs ``background: true`` responses (HTTP only; ``None``: background mode is refused).
     background: BackgroundRunner | None = None

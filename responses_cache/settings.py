@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from .input_rate import InputRateLimits
 from .protocol.tools import DEFAULT_TOOL_CACHE_BYTES
 from .runtime import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_OUTBOUND_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
     DEFAULT_PROCESS_INPUT_BYTES,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -60,6 +62,7 @@ class ConnectionLimits:
 
 
 _LIMITS = ConnectionLimits()
+_RATE = InputRateLimits()
 #: ``RESPONSES_CACHE_*`` variables that are not ``serve`` settings but are read elsewhere: the
 #: vocabulary directory, a single API key, and the vLLM middleware's configuration.
 OTHER_VARIABLES = frozenset(
@@ -139,6 +142,15 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     context_window: int = DEFAULT_CONTEXT_WINDOW
     process_input_bytes: int = DEFAULT_PROCESS_INPUT_BYTES
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    #: Bytes of events queued for one WebSocket peer before the turns producing more wait.
+    outbound_bytes: int = DEFAULT_OUTBOUND_BYTES
+    #: Input rate limits (WebSocket): bytes per second one connection, and one tenant's connections
+    #: together, may send before the server stops reading them; the burst is what may arrive at
+    #: once. A rate of 0 turns that limit off.
+    input_bytes_per_s: float = _RATE.connection_bytes_per_s or 0
+    input_burst_bytes: int = _RATE.connection_burst_bytes
+    tenant_input_bytes_per_s: float = _RATE.tenant_bytes_per_s or 0
+    tenant_input_burst_bytes: int = _RATE.tenant_burst_bytes
     tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES
     partition_prefix_cache: bool = True
     #: ``truncation: "auto"`` cuts a prompt that does not fit down to this fraction of the room

@@ -14,6 +14,14 @@ connection's state. So does a peer that stops reading: every write has a timeout
 while writes are blocked (``SessionConfig.lifetime_grace_s`` after the deadline, the connection is
 aborted whatever it is doing). Request frames held by unfinished turns are charged to a
 per-connection and a process-wide byte budget (:class:`~.session.InputBudget`).
+
+A client cannot make the event loop take its frames faster than its input rate
+(:mod:`~.input_rate`): each frame is charged to the connection's and its tenant's budget before it
+is decoded, and while either is in debt the reader neither decodes it nor asks the server for the
+next frame. uvicorn stops reading a WebSocket's socket while a message it has received waits for
+the app (its ``websockets-sansio`` implementation, the one ``ws="auto"`` picks), so the rest of
+the client's frames wait in the client's own socket buffers: a flooding client slows itself, not
+the loop. Events waiting for a peer are bounded in bytes too (``outbound_bytes``).
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ class WebSocketMode:
         *,
         paths: Sequence[str] = ("/v1/responses",),
         outbound_queue: int = 1024,
+        outbound_bytes: int | None = None,
         resolves_previous_response_ids: bool | None = None,
     ) -> None:
         self.app = app
@@ -90,6 +99,9 @@ class WebSocketMode:
         self.service = service
         self.paths = frozenset(p.rstrip("/") for p in paths)
         self.outbound_queue = outbound_queue
+        #: Bytes of encoded events queued per connection (one event is always let in, whatever
+        #: its size): beyond it, whoever produces the next event waits for the peer to read.
+        self.outbound_bytes = outbound_bytes if outbound_bytes is not None else service.outbound_bytes
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
         self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
         #: A write (an event, the close frame) that takes longer aborts the connection.
@@ -97,6 +109,8 @@ class WebSocketMode:
         #: Connections aborted because a write timed out or the lifetime grace ran out.
         self.aborted = 0
         self.connections = 0
+        #: The most bytes of events ever queued for one connection.
+        self.outbound_peak = 0
 
     @property
     def config(self) -> SessionConfig:
@@ -204,6 +218,9 @@ class _Connection:
         self._asgi_send = send
         self.service = mode.service.core
         self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
+        rate = mode.service.input_rate
+        #: This connection's input rate budget (``None``: unlimited).
+        self.input = rate.open(tenant) if rate is not None else None
         #: The upgrade's credentials, forwarded to backends that call on the client's behalf.
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         #: The upgrade's W3C trace context: every turn on the connection continues that trace.
@@ -214,6 +231,9 @@ class _Connection:
         #: itself (no hop through the writer task); otherwise the writer keeps the order.
         self._writing = asyncio.Lock()
         self._queued = 0
+        #: Bytes of the events in ``outbound``, and set whenever some of them have been taken.
+        self._queued_bytes = 0
+        self._drained = asyncio.Event()
         self._direct = 0
         self._usable = True
         self.turns: set[asyncio.Task[None]] = set()
@@ -241,6 +261,8 @@ class _Connection:
             disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
             self.closed = True
+            if self.input is not None:
+                self.input.close()
             lifetime.cancel()
             watchdog.cancel()
             self._cancel_turns()
@@ -279,6 +301,9 @@ class _Connection:
                 return 1003, False  # binary frames are not part of the protocol
             if len(text) > self.mode.max_message_bytes:
                 return 1009, False
+            if self.input is not None:
+                # Over budget: neither decode this frame nor ask for the next until it is paid for.
+                await self.input.admit(len(text))
             large = len(text) >= _LARGE_FRAME
             self.session.receive(text, time.perf_counter())
             del message, text  # a decoded frame must not outlive its turn (memory per connection)
@@ -315,7 +340,10 @@ class _Connection:
 
     def _discard_outbound(self) -> None:
         while not self.outbound.empty():
-            self.outbound.get_nowait()
+            data = self.outbound.get_nowait()
+            if data:
+                self._queued_bytes -= len(data)
+        self._drained.set()
 
     async def _lifetime(self) -> None:
         """At the connection's deadline, tell the session (which refuses new work and closes once
@@ -364,6 +392,13 @@ class _Connection:
                 await asyncio.sleep(0)
             return
         self._queued += 1
+        # Bounded in bytes as well as in events: a peer that does not read holds at most
+        # ``outbound_bytes`` (or one event) here, and the turns producing more wait.
+        while self._queued_bytes > 0 and self._queued_bytes + len(data) > self.mode.outbound_bytes and self._usable:
+            self._drained.clear()
+            await self._drained.wait()
+        self._queued_bytes += len(data)
+        self.mode.outbound_peak = max(self.mode.outbound_peak, self._queued_bytes)
         await self.outbound.put(data)
 
     async def _write(self, data: bytes) -> None:
@@ -410,6 +445,8 @@ class _Connection:
                             self._write_started = None
                 else:
                     await self._write(data)
+                    self._queued_bytes -= len(data)
+                    self._drained.set()
                 self._queued -= 1
 
     async def _turn(self, pending: PendingTurn) -> None:

@@ -16,7 +16,7 @@ from responses_cache import ServerConfig, SimulatedEngine, create_app, create_se
 PUBLIC = {
     # serving and mounting
     "create_app", "create_service", "ServerConfig", "Service", "WebSocketMode", "SessionConfig", "Limits",
-    "HostScope",
+    "HostScope", "InputRateLimits",
     # who may connect
     "Authenticator", "AllowAll", "BearerKeys",
     # backends and their types

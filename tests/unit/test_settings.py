@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from responses_cache.cli import main
+from responses_cache.cli import input_rate_limits, main
+from responses_cache.input_rate import InputRateLimits
 from responses_cache.settings import ServeSettings, SettingsError, load_settings
 
 
@@ -167,3 +168,12 @@ def test_bad_quotas_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "Quota.connections must be a positive integer" in capsys.readouterr().err
     assert main(["serve", "--engine-slots", "0"]) == 2
     assert "engine_slots must be at least 1" in capsys.readouterr().err
+
+
+def test_input_rate_settings_default_to_the_limits_and_zero_turns_a_rate_off() -> None:
+    assert input_rate_limits(load_settings()) == InputRateLimits()
+    env = {"RESPONSES_CACHE_INPUT_BYTES_PER_S": "0", "RESPONSES_CACHE_TENANT_INPUT_BYTES_PER_S": "5000",
+           "RESPONSES_CACHE_TENANT_INPUT_BURST_BYTES": "70000", "RESPONSES_CACHE_INPUT_BURST_BYTES": "9"}
+    assert input_rate_limits(load_settings(env=env)) == InputRateLimits(
+        connection_bytes_per_s=None, connection_burst_bytes=9, tenant_bytes_per_s=5000, tenant_burst_bytes=70000
+    )

@@ -77,6 +77,22 @@ async def test_a_write_that_never_completes_aborts_the_connection_and_frees_its_
     assert backend.open == 0  # every generation that started was told to stop
 
 
+async def test_events_queued_for_a_peer_that_does_not_read_are_bounded_in_bytes() -> None:
+    """Sixteen turns whose events echo 100 kB of instructions, for a peer that takes nothing: what
+    waits for the peer stays within ``outbound_bytes`` plus one event; the turns wait instead."""
+    backend = EndlessBackend()
+    mode = _mode(backend, SessionConfig(), write_timeout_s=0.5, outbound_bytes=256 * 1024)
+    instructions = "x" * 100_000
+    frames = [
+        json.dumps({"type": "response.create", "model": "sim-1", "input": "hi", "instructions": instructions, "stream_id": str(i)})
+        for i in range(16)
+    ]
+    peer = StuckPeer(frames)
+    await _run(mode, peer)
+    assert mode.aborted == 1 and backend.open == 0
+    assert 100_000 < mode.outbound_peak <= 256 * 1024 + 110_000
+
+
 async def test_the_lifetime_is_enforced_while_writes_are_blocked() -> None:
     backend = EndlessBackend()
     config = SessionConfig(lifetime_s=0.1, lifetime_grace_s=0.1)
