@@ -2,9 +2,9 @@
 
 Run inside the vLLM venv (it has torch and transformers)::
 
-    python hf_model.py MODEL_DIR --architecture Qwen2ForCausalLM
+    python hf_model.py MODEL_DIR:Qwen2ForCausalLM [MODEL_DIR:LlamaForCausalLM …]
 
-``MODEL_DIR`` already holds ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat
+(several in one run: torch and transformers are imported once). Each ``MODEL_DIR`` already holds ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat
 template); this writes ``config.json`` and ``model.safetensors`` beside them: two layers, hidden
 size 128 (head_dim 64: vLLM's CPU attention refuses smaller heads), a vocabulary covering every id
 of the tokenizer, random weights. Its answers are noise; what the engine suite checks with it is
@@ -55,11 +55,12 @@ def build(out: pathlib.Path, architecture: str, context: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("out", type=pathlib.Path)
-    parser.add_argument("--architecture", default="LlamaForCausalLM", choices=["Qwen2ForCausalLM", "LlamaForCausalLM"])
+    parser.add_argument("models", nargs="+", help="MODEL_DIR:ARCHITECTURE (Qwen2ForCausalLM or LlamaForCausalLM)")
     parser.add_argument("--context", type=int, default=4096)
     args = parser.parse_args(argv)
-    build(args.out, args.architecture, args.context)
+    for model in args.models:
+        out, architecture = model.rsplit(":", 1)
+        build(pathlib.Path(out), architecture, args.context)
     return 0
 
 
