@@ -8,14 +8,17 @@ assistant items            one ``{"role": "assistant"}`` message per run of reas
                            message and tool-call items: ``reasoning_content`` (reasoning text),
                            ``content`` (message text; absent when the turn only calls tools),
                            ``tool_calls`` (``{"id", "type": "function", "function": {"name",
-                           "arguments"}}``, arguments parsed from JSON when they are an object).
+                           "arguments"}}``, arguments parsed from JSON; anything but a JSON
+                           object is ``{}``, as vLLM's chat endpoint makes it).
                            Reasoning after content or calls, or a message after calls, starts a
                            new assistant message.
 function_call_output       ``{"role": "tool", "tool_call_id", "name", "content"}``
 custom tool                a function with one string parameter ``input``; its calls carry
                            ``{"input": text}`` and its outputs are tool messages
 tools                      ``{"type": "function", "function": {"name", "description",
-                           "parameters"}}`` (a namespace's functions as ``namespace.name``)
+                           "parameters"}}`` (a namespace's functions as ``namespace.name``;
+                           ``description`` is ``None`` when the tool has none, as vLLM's chat
+                           endpoint hands it to the template)
 =========================  ===============================================================
 
 Hosted-tool items have no chat form (refused with a 400). The same messages go to an engine's own
@@ -61,9 +64,8 @@ def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
     out: list[dict[str, Any]] = []
 
     def add(name: str, description: str | None, parameters: dict[str, Any] | None) -> None:
-        fn: dict[str, Any] = {"name": name}
-        if description is not None:
-            fn["description"] = description
+        # vLLM validates tools into its own model and dumps them: ``description`` is always there.
+        fn: dict[str, Any] = {"name": name, "description": description}
         fn["parameters"] = parameters if parameters is not None else _NO_PARAMETERS
         out.append({"type": "function", "function": fn})
 
@@ -78,13 +80,14 @@ def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def _arguments(text: str) -> Any:
-    """Call arguments as the template sees them: the JSON object, else the raw string."""
+def _arguments(text: str) -> dict[str, Any]:
+    """Call arguments as the template sees them: the JSON object, else ``{}`` (vLLM's chat
+    endpoint replaces arguments that are not a JSON object with ``{}``; templates take a mapping)."""
     try:
         value = json.loads(text) if text else {}
     except ValueError:
-        return text
-    return value if isinstance(value, dict) else text
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def chat_messages(
@@ -155,9 +158,14 @@ def chat_messages(
 
 def engine_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` in the chat-completions wire format an engine's ``/tokenize`` or chat endpoint
-    takes: call arguments as JSON text (vLLM parses them back into the object the template sees)."""
+    takes: call arguments as JSON text (vLLM parses them back into the object the template sees);
+    reasoning also as ``reasoning``, the field vLLM reads (it hands the template both names;
+    SGLang reads ``reasoning_content``)."""
     out = []
     for message in messages:
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            message = {**message, "reasoning": reasoning}
         calls = message.get("tool_calls")
         if calls:
             message = {**message, "tool_calls": [
@@ -174,11 +182,12 @@ def _argument_text(arguments: Any) -> str:
 
 def template_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as ``apply_chat_template`` hands them to the template: reasoning also under
-    ``thinking`` (the name gpt-oss-style templates read)."""
+    ``thinking`` (the name gpt-oss-style templates read) and ``reasoning`` (vLLM's chat path gives
+    the template ``reasoning`` and ``reasoning_content``)."""
     out = []
     for message in messages:
         reasoning = message.get("reasoning_content")
         if reasoning is not None:
-            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            message = {"thinking": reasoning, "reasoning": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out

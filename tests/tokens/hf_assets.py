@@ -35,7 +35,8 @@ class Family:
     added: tuple[str, ...]  # added tokens with special=False (tags the tokenizer keeps whole)
     bos: str | None
     eos: str
-    #: The Split regex before byte-level BPE (Llama 3 and Qwen2 use the same one).
+    #: The Split regex before byte-level BPE (Llama 3's; Qwen2's differs only in splitting digits
+    #: one by one, see ``QWEN2_PATTERN``).
     pattern: str = (
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
         r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -45,6 +46,15 @@ class Family:
     package: str | None = None
 
 
+#: Qwen2's pre-tokenizer regex: single digits. It matters beyond fidelity: transformers >= 5 (and
+#: so vLLM) loads a ``qwen2`` model's tokenizer as ``Qwen2Tokenizer``, which replaces the
+#: ``tokenizer.json`` pre-tokenizer with this one, so a Qwen-style model served by an engine must
+#: carry it for the engine to tokenize as the files say.
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 FAMILIES: dict[str, Family] = {
     "qwen": Family(
         template="qwen.jinja",
@@ -52,6 +62,7 @@ FAMILIES: dict[str, Family] = {
         added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
         bos=None,
         eos="<|im_end|>",
+        pattern=QWEN2_PATTERN,
         nfc=True,
     ),
     "llama3": Family(

@@ -67,7 +67,9 @@ _ENABLE_HINT = {
     "vllm": "To use vLLM's tokens-in route (/inference/v1/generate), start vllm serve with --enable-scale-out",
     "sglang": "SGLang serves /generate on every server: check the URL",
 }
-_PROBE_TEXT = " Grüße, 世界 🚀 x=42;\n\t"
+#: Text for the tokenizer handshake: accents, CJK, an emoji, digit runs (tokenizers that split
+#: numbers differently: Qwen2 one digit at a time, Llama 3 up to three), whitespace.
+_PROBE_TEXT = " Grüße, 世界 🚀 x=42; 2026-12-01 10:00, 1000 ms\n\t"
 
 
 class _Accepted:
