@@ -142,11 +142,9 @@ TEMPLATES = pathlib.Path(__file__).parent / "hf_templates"
 
 
 def _corpus() -> list[str]:
-    """Fixed training text: the project's docs plus JSON and code-like lines (deterministic)."""
-    root = pathlib.Path(__file__).resolve().parents[2]
-    lines = []
-    for path in sorted((root / "docs").glob("*.md")):
-        lines.extend(path.read_text(encoding="utf-8").splitlines())
+    """Fixed training text (``hf_corpus.txt``, frozen prose from the docs, so that editing the
+    docs changes no tokenizer) plus JSON and code-like lines: deterministic."""
+    lines = (pathlib.Path(__file__).parent / "hf_corpus.txt").read_text(encoding="utf-8").splitlines()
     lines += [
         '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
         '{"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}',
