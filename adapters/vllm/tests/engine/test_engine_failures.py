@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one ins
 
 @pytest.fixture(scope="module")
 def spare(vllm_python: Path, tiny_oss: Path) -> Iterator[VllmProcess]:
-    with VllmProcess(vllm_python, tiny_oss, api_key=KEY) as engine:
+    # Network mode only (no middleware inside), started twice: the fast start (eager, one process).
+    with VllmProcess(vllm_python, tiny_oss, api_key=KEY, fast_start=True) as engine:
         yield engine
 
 
