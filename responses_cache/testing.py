@@ -401,6 +401,24 @@ def assert_incremental_equals_full(
     )
 
 
+class LogicalClock:
+    """Time that moves only when a test (or an awaited :meth:`sleep`) moves it: a ``clock``
+    for the rate limiters and input budgets, so their tests count instead of timing."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        #: Every :meth:`sleep`'s argument, in order.
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)  # a real sleep lets others run: so does this one
+
+
 @dataclass
 class LiveServer:
     """A server running in a background thread on a free loopback port (see :func:`serve_in_thread`)."""

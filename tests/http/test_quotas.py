@@ -16,7 +16,7 @@ import pytest
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.backends.base import BackendEvent, GenerationRequest
 from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig
-from responses_cache.testing import RecordingBackend
+from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEYS = {"sk-a": "a", "sk-b": "b"}
 A = {"authorization": "Bearer sk-a"}
@@ -26,13 +26,6 @@ RATE_HEADERS = (
     "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
 )
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class HeldBackend(RecordingBackend):
@@ -49,7 +42,7 @@ class HeldBackend(RecordingBackend):
             yield event
 
 
-def _app(quota: Quota, clock: Clock, **options: Any) -> Any:
+def _app(quota: Quota, clock: LogicalClock, **options: Any) -> Any:
     options.setdefault("backend", SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=5)))
     return create_app(api_keys=KEYS, quotas=QuotaConfig(quota), rate_limiter=MemoryRateLimiter(clock=clock), **options)
 
@@ -71,7 +64,7 @@ def _create(**extra: Any) -> dict[str, Any]:
 
 
 async def test_every_answer_carries_the_rate_limit_headers() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     app = _app(Quota(requests_per_minute=10, tokens_per_minute=10_000), clock)
     async with _client(app) as client:
         created = await client.post("/responses", json=_create(), headers=A)
@@ -95,7 +88,7 @@ async def test_every_answer_carries_the_rate_limit_headers() -> None:
 
 
 async def test_requests_per_minute_give_429_with_retry_after() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     app = _app(Quota(requests_per_minute=2), clock)
     async with _client(app) as client:
         for _ in range(2):
@@ -112,7 +105,7 @@ async def test_requests_per_minute_give_429_with_retry_after() -> None:
 
 
 async def test_tokens_per_minute_are_charged_as_billed() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     app = _app(Quota(tokens_per_minute=600), clock)
     async with _client(app) as client:
         first = await client.post("/responses", json=_create(), headers=A)
@@ -134,7 +127,7 @@ async def test_tokens_per_minute_are_charged_as_billed() -> None:
 
 
 async def test_concurrent_responses_over_http() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     backend = HeldBackend()
     app = _app(Quota(concurrent_responses=1), clock, backend=backend)
     async with _client(app) as client:
@@ -151,7 +144,7 @@ async def test_concurrent_responses_over_http() -> None:
 
 
 async def test_a_refused_body_still_frees_its_slot() -> None:
-    app = _app(Quota(concurrent_responses=1), Clock())
+    app = _app(Quota(concurrent_responses=1), LogicalClock())
     async with _client(app) as client:
         for _ in range(3):
             bad = await client.post("/responses", json={"model": "sim-1", "input": [1]}, headers=A)
@@ -187,7 +180,7 @@ async def test_a_bad_priority_is_a_400(priority: object) -> None:
 
 
 async def test_a_background_response_holds_its_slot_until_it_ends_and_is_charged() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     backend = HeldBackend()
     app = _app(Quota(concurrent_responses=1, tokens_per_minute=10_000), clock, backend=backend)
     async with _client(app) as client:

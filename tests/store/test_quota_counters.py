@@ -13,20 +13,13 @@ from redis.crc import key_slot
 
 from responses_cache.quotas import Decision, MemoryRateLimiter, Quota
 from responses_cache.redis_quotas import RedisRateLimiter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from responses_cache.testing import LogicalClock
 
 
 @pytest.fixture
-async def shared(redis_url: str) -> AsyncIterator[tuple[RedisRateLimiter, RedisRateLimiter, Clock]]:
+async def shared(redis_url: str) -> AsyncIterator[tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock]]:
     """Two limiters on one Redis, as two server processes have, with one clock."""
-    clock = Clock()
+    clock = LogicalClock(1_700_000_000.0)
     one = RedisRateLimiter(redis_url, clock=clock, flush_s=3600)  # flushed by hand in these tests
     two = RedisRateLimiter(redis_url, clock=clock, flush_s=3600)
     yield one, two, clock
@@ -39,7 +32,7 @@ def _view(d: Decision) -> tuple[Any, ...]:
             round(d.reset_requests_s, 3), round(d.reset_tokens_s, 3))
 
 
-async def _scenario(limiter: Any, clock: Clock) -> list[tuple[Any, ...]]:
+async def _scenario(limiter: Any, clock: LogicalClock) -> list[tuple[Any, ...]]:
     quota = Quota(requests_per_minute=4, tokens_per_minute=1200, concurrent_responses=2)
     out = []
     for step in range(14):
@@ -54,7 +47,7 @@ async def _scenario(limiter: Any, clock: Clock) -> list[tuple[Any, ...]]:
     return out
 
 
-async def test_redis_decides_as_the_process_does(shared: tuple[RedisRateLimiter, RedisRateLimiter, Clock]) -> None:
+async def test_redis_decides_as_the_process_does(shared: tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock]) -> None:
     one, _, clock = shared
     start = clock.now
     in_redis = await _scenario(one, clock)
@@ -64,7 +57,7 @@ async def test_redis_decides_as_the_process_does(shared: tuple[RedisRateLimiter,
     assert {v[1] for v in here} >= {None, "requests", "tokens"}  # the scenario meets the limits
 
 
-async def test_limits_hold_across_processes(shared: tuple[RedisRateLimiter, RedisRateLimiter, Clock]) -> None:
+async def test_limits_hold_across_processes(shared: tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock]) -> None:
     one, two, _ = shared
     quota = Quota(requests_per_minute=3, concurrent_responses=2)
     assert (await one.admit("t", quota, "a")).allowed
@@ -79,7 +72,7 @@ async def test_limits_hold_across_processes(shared: tuple[RedisRateLimiter, Redi
 
 
 async def test_tokens_charged_in_one_process_refuse_in_the_other(
-    shared: tuple[RedisRateLimiter, RedisRateLimiter, Clock],
+    shared: tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock],
 ) -> None:
     one, two, _ = shared
     quota = Quota(tokens_per_minute=1000)
@@ -90,7 +83,7 @@ async def test_tokens_charged_in_one_process_refuse_in_the_other(
     assert refused.refused_by == "tokens" and refused.retry_after_s == pytest.approx(30.0)
 
 
-async def test_one_round_trip_per_turn(shared: tuple[RedisRateLimiter, RedisRateLimiter, Clock]) -> None:
+async def test_one_round_trip_per_turn(shared: tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock]) -> None:
     one, _, _ = shared
     quota = Quota(requests_per_minute=10_000, tokens_per_minute=10_000_000, concurrent_responses=100)
     before = one.round_trips
@@ -125,7 +118,7 @@ async def test_charges_flush_on_their_own(redis_url: str) -> None:
         await limiter.aclose()
 
 
-async def test_a_dead_process_slots_expire(shared: tuple[RedisRateLimiter, RedisRateLimiter, Clock]) -> None:
+async def test_a_dead_process_slots_expire(shared: tuple[RedisRateLimiter, RedisRateLimiter, LogicalClock]) -> None:
     one, two, clock = shared
     quota = Quota(concurrent_responses=1, connections=1)
     assert (await one.admit("t", quota, "a")).allowed  # process one dies holding both

@@ -16,14 +16,7 @@ from responses_cache.quotas import (
     format_duration,
     rate_limit_headers,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from responses_cache.testing import LogicalClock
 
 
 @pytest.mark.parametrize(
@@ -36,7 +29,7 @@ def test_durations_are_written_as_openai_writes_them(seconds: float, text: str) 
 
 
 async def test_requests_per_minute_refill_continuously() -> None:
-    clock = Clock()
+    clock = LogicalClock(1000.0)
     quotas = Quotas(QuotaConfig(Quota(requests_per_minute=3)), MemoryRateLimiter(clock=clock))
     for left in (2, 1, 0):
         admission = await quotas.admit("t", "l")
@@ -57,7 +50,7 @@ async def test_requests_per_minute_refill_continuously() -> None:
 
 
 async def test_tokens_are_charged_when_the_turn_ends_and_debt_refuses_until_paid() -> None:
-    clock = Clock()
+    clock = LogicalClock(1000.0)
     limiter = MemoryRateLimiter(clock=clock)
     quotas = Quotas(QuotaConfig(Quota(tokens_per_minute=600)), limiter)
     first = await quotas.admit("t", "a")
@@ -79,7 +72,7 @@ async def test_tokens_are_charged_when_the_turn_ends_and_debt_refuses_until_paid
 
 
 async def test_release_charges_once() -> None:
-    clock = Clock()
+    clock = LogicalClock(1000.0)
     quotas = Quotas(QuotaConfig(Quota(tokens_per_minute=600, concurrent_responses=1)), MemoryRateLimiter(clock=clock))
     admission = await quotas.admit("t", "a")
     admission.release(100)
@@ -89,7 +82,7 @@ async def test_release_charges_once() -> None:
 
 
 async def test_concurrent_responses_are_counted_exactly() -> None:
-    limiter = MemoryRateLimiter(clock=Clock())
+    limiter = MemoryRateLimiter(clock=LogicalClock(1000.0))
     quotas = Quotas(QuotaConfig(Quota(concurrent_responses=2)), limiter)
     a, b = await quotas.admit("t", "a"), await quotas.admit("t", "b")
     with pytest.raises(QuotaExceeded) as refused:
@@ -104,7 +97,7 @@ async def test_concurrent_responses_are_counted_exactly() -> None:
 
 
 async def test_connections_are_counted_exactly() -> None:
-    limiter = MemoryRateLimiter(clock=Clock())
+    limiter = MemoryRateLimiter(clock=LogicalClock(1000.0))
     quotas = Quotas(QuotaConfig(Quota(connections=1), {"vip": Quota()}), limiter)
     await quotas.connect("t", "c1")
     with pytest.raises(QuotaExceeded) as refused:
@@ -118,7 +111,7 @@ async def test_connections_are_counted_exactly() -> None:
 
 
 async def test_a_peek_counts_nothing() -> None:
-    quotas = Quotas(QuotaConfig(Quota(requests_per_minute=1)), MemoryRateLimiter(clock=Clock()))
+    quotas = Quotas(QuotaConfig(Quota(requests_per_minute=1)), MemoryRateLimiter(clock=LogicalClock(1000.0)))
     for _ in range(3):
         assert (await quotas.status("t")).remaining_requests == 1
     (await quotas.admit("t", "a")).release()
@@ -126,7 +119,7 @@ async def test_a_peek_counts_nothing() -> None:
 
 def test_headers_carry_every_limit_and_the_retry_time() -> None:
     quota = Quota(requests_per_minute=60, tokens_per_minute=6000)
-    limiter = MemoryRateLimiter(clock=Clock())
+    limiter = MemoryRateLimiter(clock=LogicalClock(1000.0))
     decision = limiter.admit_now("t", quota)
     assert rate_limit_headers(decision) == {
         "x-ratelimit-limit-requests": "60",

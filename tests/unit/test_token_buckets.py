@@ -4,33 +4,17 @@ and no less than the budget allows (the limit does not starve a client that keep
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from responses_cache.input_rate import ConnectionInput, InputRate, InputRateLimits
+from responses_cache.testing import LogicalClock
 
 MIB = 1024 * 1024
 TICK = 0.01  # one logical tick, seconds
 
 
-class Clock:
-    """Logical time: moves only when a test (or a sleep) moves it."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
-
-
-def _flood(connections: list[ConnectionInput], clock: Clock, frame: int, ticks: int) -> list[int]:
+def _flood(connections: list[ConnectionInput], clock: LogicalClock, frame: int, ticks: int) -> list[int]:
     """Every connection takes a frame whenever its budgets allow, tick after tick; the bytes taken
     by all of them together, after each tick."""
     taken, totals = 0, []
@@ -54,14 +38,14 @@ def _within(totals: list[int], rate: float, burst: int, frame: int) -> None:
 
 
 def test_a_flooding_connection_is_taken_no_faster_than_its_budget() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     rate = InputRate(InputRateLimits(connection_bytes_per_s=MIB, connection_burst_bytes=4 * MIB, tenant_bytes_per_s=None), clock=clock)
     frame = 100_000
     _within(_flood([rate.open("a")], clock, frame, ticks=500), MIB, 4 * MIB, frame)
 
 
 def test_a_tenants_connections_share_its_budget_and_other_tenants_are_not_slowed() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     limits = InputRateLimits(connection_bytes_per_s=MIB, connection_burst_bytes=MIB, tenant_bytes_per_s=MIB, tenant_burst_bytes=2 * MIB)
     rate = InputRate(limits, clock=clock)
     frame = 50_000
@@ -73,7 +57,7 @@ def test_a_tenants_connections_share_its_budget_and_other_tenants_are_not_slowed
 
 
 def test_reconnecting_does_not_reset_a_tenants_budget() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     rate = InputRate(InputRateLimits(tenant_bytes_per_s=MIB, tenant_burst_bytes=MIB), clock=clock)
     first = rate.open("t")
     first.charge(3 * MIB)
@@ -84,7 +68,7 @@ def test_reconnecting_does_not_reset_a_tenants_budget() -> None:
 
 
 def test_idle_tenants_are_forgotten_once_their_budget_has_refilled() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     rate = InputRate(InputRateLimits(tenant_bytes_per_s=MIB, tenant_burst_bytes=MIB), clock=clock)
     for i in range(100):
         connection = rate.open(f"tenant-{i}")
@@ -97,7 +81,7 @@ def test_idle_tenants_are_forgotten_once_their_budget_has_refilled() -> None:
 
 
 async def test_admit_waits_until_the_budget_is_out_of_debt_then_charges() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     rate = InputRate(
         InputRateLimits(connection_bytes_per_s=MIB, connection_burst_bytes=MIB, tenant_bytes_per_s=None),
         clock=clock, sleep=clock.sleep,

@@ -22,6 +22,7 @@ from responses_cache import (
 from responses_cache.app import app_for
 from responses_cache.auth import AllowAll, BearerKeys
 from responses_cache.input_rate import InputRate
+from responses_cache.testing import LogicalClock
 from responses_cache.websocket import WebSocketMode
 
 MIB = 1024 * 1024
@@ -32,25 +33,12 @@ SCOPE: dict[str, Any] = {
 }
 
 
-class Clock:
-    """Logical time, moved only by the sleeps of the budget being tested."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
-
 
 class FloodingPeer:
     """Hands over ``count`` frames of ``size`` bytes as fast as it is asked, recording the logical
     time of each ask, then disconnects; takes every event it is sent at once."""
 
-    def __init__(self, clock: Clock, size: int, count: int) -> None:
+    def __init__(self, clock: LogicalClock, size: int, count: int) -> None:
         pad = "x" * (size - len(json.dumps({"type": "response.nonesuch", "pad": ""})))
         self.frame = json.dumps({"type": "response.nonesuch", "pad": pad})
         assert len(self.frame) == size
@@ -83,7 +71,7 @@ def _check_asks(asks: list[float], size: int, rate: float, burst: int) -> None:
 
 
 async def test_a_flooding_websocket_client_is_read_no_faster_than_its_budget() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     limits = InputRateLimits(connection_bytes_per_s=MIB, connection_burst_bytes=MIB // 4, tenant_bytes_per_s=None)
     service = create_service(authenticator=AllowAll(), input_rate=InputRate(limits, clock=clock, sleep=clock.sleep))
     mode = WebSocketMode(app_for(service), service)
@@ -97,7 +85,7 @@ async def test_a_flooding_websocket_client_is_read_no_faster_than_its_budget() -
 
 
 async def test_a_tenants_connections_and_request_bodies_share_its_budget() -> None:
-    clock = Clock()
+    clock = LogicalClock()
     limits = InputRateLimits(connection_bytes_per_s=None, tenant_bytes_per_s=MIB, tenant_burst_bytes=2 * MIB)
     rate = InputRate(limits, clock=clock, sleep=clock.sleep)
     app = create_app(

@@ -20,17 +20,10 @@ from wsclient import check_event
 from responses_cache import SimulatedConfig, SimulatedEngine
 from responses_cache.backends.base import BackendEvent, GenerationRequest
 from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig
-from responses_cache.testing import RecordingBackend
+from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEY = "sk-a"
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class HeldBackend(RecordingBackend):
@@ -50,7 +43,7 @@ class HeldBackend(RecordingBackend):
             yield event
 
 
-def _serve(factory: Callable[..., Any], quota: Quota, clock: Clock, **options: Any) -> tuple[Any, MemoryRateLimiter]:
+def _serve(factory: Callable[..., Any], quota: Quota, clock: LogicalClock, **options: Any) -> tuple[Any, MemoryRateLimiter]:
     limiter = MemoryRateLimiter(clock=clock)
     options.setdefault("backend", SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=5)))
     server = factory(api_keys={KEY: "a"}, quotas=QuotaConfig(quota), rate_limiter=limiter, **options)
@@ -77,7 +70,7 @@ def _refused(frame: dict[str, Any]) -> dict[str, str]:
 
 
 def test_requests_per_minute_over_websocket(responses_cache_server_factory: Any) -> None:
-    clock = Clock()
+    clock = LogicalClock()
     server, _ = _serve(responses_cache_server_factory, Quota(requests_per_minute=1), clock)
     client = OpenAI(base_url=server.http_url, api_key=KEY, max_retries=0)
     with client, client.responses.connect() as conn:
@@ -99,7 +92,7 @@ def test_requests_per_minute_over_websocket(responses_cache_server_factory: Any)
 
 
 def test_tokens_per_minute_over_websocket(responses_cache_server_factory: Any) -> None:
-    clock = Clock()
+    clock = LogicalClock()
     server, _ = _serve(responses_cache_server_factory, Quota(tokens_per_minute=100), clock)
     client = OpenAI(base_url=server.http_url, api_key=KEY, max_retries=0)
     used = 0
@@ -121,7 +114,7 @@ def test_tokens_per_minute_over_websocket(responses_cache_server_factory: Any) -
 
 def test_concurrent_responses_over_websocket(responses_cache_server_factory: Any) -> None:
     backend = HeldBackend()
-    server, limiter = _serve(responses_cache_server_factory, Quota(concurrent_responses=1), Clock(), backend=backend)
+    server, limiter = _serve(responses_cache_server_factory, Quota(concurrent_responses=1), LogicalClock(), backend=backend)
     client = OpenAI(base_url=server.http_url, api_key=KEY, max_retries=0)
     with client, client.responses.connect() as conn:
         conn.response.create(model="sim-1", input="long one", store=False, stream_id="one")
@@ -141,7 +134,7 @@ def test_concurrent_responses_over_websocket(responses_cache_server_factory: Any
 
 
 def test_open_connections_refuse_the_upgrade_with_429(responses_cache_server_factory: Any) -> None:
-    server, limiter = _serve(responses_cache_server_factory, Quota(connections=1), Clock())
+    server, limiter = _serve(responses_cache_server_factory, Quota(connections=1), LogicalClock())
     client = OpenAI(base_url=server.http_url, api_key=KEY, max_retries=0)
     with client:
         with client.responses.connect() as conn:
