@@ -17,7 +17,9 @@ a long history every turn would cost O(messages). Each turn instead:
   (checked on its syntax tree, :class:`~.hf_files.ChatTemplate`; otherwise it runs twice).
   When the new items hold a message (a user turn, an answer), the window starts at the last user
   message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
-  analysis); a tool step (outputs, reasoning, calls) needs only the last few items;
+  analysis); a tool step (outputs, reasoning, calls) needs only the last few items. A turn that
+  adds a system or developer message renders the whole conversation (templates gather those into
+  a header before the window);
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
   the log's text, and adding the new items must only append to it; otherwise (a short
   conversation, a template that rewrites, a window that renders the old items differently) the
@@ -660,6 +662,10 @@ class HFRenderer:
         tip = self._piece(node)
         head, header = tip.head, tip.header
         if head is None or header is None:
+            return None
+        if any(isinstance(item, Message) and item.role in ("system", "developer") for item in items):
+            # Templates gather system messages into a header (DeepSeek's, Mistral's): one joining
+            # the conversation changes text before the window, which the window cannot see.
             return None
         # A message (a user turn, a final answer) may make the template rewrite what it rendered
         # since the last user message (Qwen3 drops that reasoning, gpt-oss its analysis): then the

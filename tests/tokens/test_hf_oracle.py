@@ -169,3 +169,19 @@ def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path]) -> Non
     assert r.stats.rewinds == 1
     assert "simple sum" not in r.decode(list(r.prompt(log)))
     check(r, tokenizer, r.prompt(log), None, EMPTY_TOOLS, [*turn, *answer, *follow])
+
+
+def test_a_system_message_joining_later_changes_the_header_the_window_cannot_see(
+    family: tuple[HFRenderer, Any],
+) -> None:
+    """Found by the oracle: with a one-item window, a second (empty) system message gathered into
+    DeepSeek's header added its ``\\n\\n`` before the window, and the window path missed it."""
+    r, tokenizer = family
+
+    def message(role: str) -> Message:
+        return Message(role=role, content=[])
+
+    first = [message("user"), message("system"), message("user")]
+    later = [message("user"), message("user"), message("system")]
+    log = r.extend(r.extend(r.begin(None, EMPTY_TOOLS), first), later)
+    check(r, tokenizer, r.prompt(log), None, EMPTY_TOOLS, [*first, *later])
