@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .quotas import ALLOWED, Decision, Quota, decide
-from .redis_client import FAILURES
+from .redis_client import FAILURES, redis_client
 
 logger = logging.getLogger("responses_cache.quotas")
 
@@ -126,8 +126,6 @@ class RedisRateLimiter:
     ) -> None:
         self._owns_client = client is None
         if client is None:
-            from .redis_client import redis_client
-
             client = redis_client(url)
         self._client = client
         self.prefix = prefix
