@@ -1,6 +1,10 @@
 """The pipeline: validate → safety → route → render → generate → finalize → billing.
 
-:meth:`Pipeline.run` executes one turn against its parent state. It knows nothing about sockets:
+:meth:`Pipeline.run` executes one turn against its parent state, one named stage after another:
+``_admit`` (validate the new items, run the blocking hooks), ``_render`` (extend the parent's
+token log), ``_open_engine`` (an engine slot, the generation request), ``_respond`` (from
+``response.created`` through the engine's stream and any ``response.append`` rounds) and
+``_finalize`` (bill, make the child state, store, send the terminal event). It knows nothing about sockets:
 events go out through the ``emit`` callable, and the result is the child
 :class:`~responses_cache.state.ResponseState`. A failure before ``response.created`` raises
 :class:`~responses_cache.protocol.errors.ResponsesError`; a failure after it ends the response
@@ -269,15 +273,32 @@ class Pipeline:
     async def _run(
         self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit, span: TurnSpan
     ) -> ResponseState:
-        request = turn.request
+        """The stages in order; each is timed into ``turn.timings`` under its name."""
         timings = turn.timings
         t0 = time.perf_counter()
         ctx = HookContext(turn.tenant, turn.model, turn.response_id, turn.lane, turn.transport)
         # One key per conversation, inherited by continuations and forks: the engine replica and
         # its prefix cache follow the conversation, whichever connection or lane carries it.
-        turn.conversation_key = (parent.conversation_key if parent else "") or request.prompt_cache_key or turn.response_id
+        turn.conversation_key = (parent.conversation_key if parent else "") or turn.request.prompt_cache_key or turn.response_id
+        admitted = await self._admit(turn, parent, route, ctx, span)
+        t1 = time.perf_counter()
+        timings["validate"] = t1 - t0
+        after = continuation(parent, admitted.items)
+        rendered = await self._render(turn, route, after, span)
+        t2 = time.perf_counter()
+        timings["render"] = t2 - t1
+        progress = self._progress(turn, after, admitted, rendered, emit)
+        await self._open_engine(turn, route, progress, span)
+        await self._respond(turn, parent, route, ctx, admitted, progress, span)
+        timings["generate"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        return await self._finalize(turn, parent, route, after, admitted, progress, span, t3)
 
-        # validate: only the new items, against the calls the parent left open.
+    async def _admit(
+        self, turn: Turn, parent: ResponseState | None, route: Route, ctx: HookContext, span: TurnSpan
+    ) -> _Admitted:
+        """Validate only the new items (against the calls the parent left open), then run the
+        blocking hooks on them with each hook's carried state. Raises before ``response.created``."""
         try:
             with span.stage("validate"):
                 open_calls = self.validator(
@@ -286,13 +307,10 @@ class Pipeline:
                     accepts_media=route.backend.accepts_media,
                     check_calls=turn.delegated_parent is None,
                 )
-        except ResponsesError as exc:
-            raise renumbered(exc, turn.reused_items) from None
-        threshold = compact_threshold(request.context_management)
-        try:
             turn.items, triggered = compaction_trigger(turn.items)
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
+        threshold = compact_threshold(turn.request.context_management)
         if triggered and turn.seal_compaction is None:
             raise invalid_request(
                 "Compaction is not available on this server (it has no sealing key).",
@@ -303,227 +321,275 @@ class Pipeline:
             # Without a key ``context_management`` is accepted and does nothing, as encrypted
             # reasoning is (clients send it by default); a prompt past the window then fails.
             threshold = None
-        # safety (blocking hooks): only the new items plus each hook's carried state.
         items, hook_state = await self.hooks.run_before(
             ctx, turn.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None, span=span
         )
-        t1 = time.perf_counter()
-        timings["validate"] = t1 - t0
+        return _Admitted(items, open_calls, hook_state, triggered, threshold)
 
-        # The conversation's new base (``base``) when this turn replaced what came before: an
-        # automatic compaction's item sent back, truncation, or a compaction made now.
-        after = continuation(parent, items)
-        render_parent, context, in_context, base = after.parent, after.context, after.items, after.base
-        rendered: RenderedPrompt | None = None
-        if route.renderer is not None:
-            call = functools.partial(
-                render, route.renderer, render_parent, context, in_context, request.instructions, turn.tools,
-                context_window=route.window, truncate_to=truncation_budget(request, route),
-                truncation_headroom=self.truncation_headroom,
-            )
-            stage = span.stage("render")
-            try:
-                if self._render_size(parent, items) >= self.offload_chars:
-                    # A large tokenization runs on a worker thread (tiktoken releases the GIL), so one
-                    # client's huge prompt does not stall every other connection on this event loop.
-                    self.metrics.inc("renders_offloaded_total", {"transport": turn.transport})
-                    rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
-                else:
-                    rendered = call()
-                stage.set("responses_cache.render.incremental", rendered.incremental)
-                stage.end()
-            except BaseException as exc:
-                stage.end(exc)
-                if isinstance(exc, ResponsesError):
-                    raise renumbered(exc, turn.reused_items) from None
-                raise
-        t2 = time.perf_counter()
-        timings["render"] = t2 - t1
-
-        input_context = context.extend(in_context)
-        truncated = rendered if rendered is not None and rendered.kept is not None else None
-        if rendered is not None and rendered.kept is not None:
+    async def _render(self, turn: Turn, route: Route, after: Continuation, span: TurnSpan) -> RenderedPrompt | None:
+        """The prompt's token log: the parent's extended by the new items (``None`` for a
+        message-based backend, which renders nothing here)."""
+        if route.renderer is None:
+            return None
+        call = functools.partial(
+            render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
+            context_window=route.window, truncate_to=truncation_budget(turn.request, route),
+            truncation_headroom=self.truncation_headroom,
+        )
+        with span.stage("render") as stage:
+            rendered = await self._tokenize(turn, after, call)
+            stage.set("responses_cache.render.incremental", rendered.incremental)
+        if rendered.kept is not None:
             # ``truncation: "auto"`` dropped items: the kept ones are the conversation's new base.
-            input_context = EMPTY.extend(rendered.kept)
-            base = rendered.kept
             self.metrics.inc("truncations_total", {"transport": turn.transport})
             self.metrics.inc("truncated_items_total", {"transport": turn.transport}, rendered.dropped_items)
-        out = OutputBuilder(emit, turn.lane, turn.seal_reasoning)
-        status: Any = "completed"
-        failure: BaseException | None = None
-        error: ResponseErrorInfo | None = None
-        incomplete: IncompleteDetails | None = None
-        late_flag: Flag | None = None
-        alongside_state: dict[str, Any] = {}
-        engine_usage = None
-        finish: Finish | None = None
-        generation: GenerationRequest | None = None
-        opened: AsyncGenerator[BackendEvent, None] | None = None
-        # A response kept open by ``response.append`` makes several engine calls: what the finished
-        # ones used (prompt, cached, output tokens), where the current one's output starts, and
-        # the items after the input so far (output and appended tool outputs, in order).
-        spent = (0, 0, 0)
-        output_start = round_start = 0
-        context_now = input_context
-        earlier: list[Item] = []
-        #: Output items before the engine's (the compaction item of an automatic compaction).
-        first_output = 0
-        compact_now = request.generate and (
-            triggered or (threshold is not None and rendered is not None and rendered.log.num_tokens > threshold)
-        )
-        #: The engine stage: from the engine request to its end (the first token is its own span).
-        engine: StageSpan = NO_STAGE
-        first_token: StageSpan = NO_STAGE
-        clock = _EngineClock()
-        slot: EngineSlot | None = None
-        if request.generate and self.engine_gate is not None:
-            with span.stage("engine.wait"):  # a free engine slot, in the tenant's turn
-                slot = await self.engine_gate.acquire(turn.tenant, request.priority or 0)
-        if request.generate:
-            engine = span.stage("engine")
-            first_token = span.stage("engine.first_token")
-            clock.start(turn, first_token, self.metrics)
-            # The engine request continues this trace under the engine stage (the client's own
-            # trace context when nothing traces here), so an engine's spans join it.
-            trace_context = span.inject(engine) or turn.trace
-            generation = self._generation_request(turn, route, rendered, input_context, trace_context)
-            if isinstance(route.backend, PreflightBackend) and not compact_now:
-                # The backend may still refuse (a bridged app's 4xx): a plain error, no response.
-                try:
-                    opened = await route.backend.open_stream(generation)
-                except BaseException as exc:
-                    first_token.end(exc)
-                    engine.end(exc)
-                    if slot is not None:
-                        slot.release()
-                    raise
+        return rendered
+
+    async def _tokenize(self, turn: Turn, after: Continuation, call: Callable[[], RenderedPrompt]) -> RenderedPrompt:
+        """Run a render (``call``) of ``after``'s items: on a worker thread when it tokenizes a lot
+        (tiktoken releases the GIL), so one client's huge prompt does not stall every other
+        connection on this event loop. Its :class:`ResponsesError` counts the client's input."""
         try:
-            # From response.created on, the response exists: whatever happens, it gets billed.
+            if self._render_size(after.parent, after.items) < self.offload_chars:
+                return call()
+            self.metrics.inc("renders_offloaded_total", {"transport": turn.transport})
+            return await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
+        except ResponsesError as exc:
+            raise renumbered(exc, turn.reused_items) from None
+
+    def _progress(
+        self, turn: Turn, after: Continuation, admitted: _Admitted, rendered: RenderedPrompt | None, emit: Emit
+    ) -> _Progress:
+        """The response as it starts: nothing output, the context its input makes."""
+        context, base = after.context.extend(after.items), after.base
+        if rendered is not None and rendered.kept is not None:
+            context, base = EMPTY.extend(rendered.kept), rendered.kept
+        threshold = admitted.threshold
+        return _Progress(
+            out=OutputBuilder(emit, turn.lane, turn.seal_reasoning),
+            rendered=rendered,
+            truncated=rendered if rendered is not None and rendered.kept is not None else None,
+            context=context,
+            base=base,
+            hook_state=admitted.hook_state,
+            compact_now=turn.request.generate and (
+                admitted.triggered or (threshold is not None and rendered is not None and rendered.log.num_tokens > threshold)
+            ),
+        )
+
+    async def _open_engine(self, turn: Turn, route: Route, progress: _Progress, span: TurnSpan) -> None:
+        """Wait for an engine slot (when the gate bounds them), start the engine stages and make
+        the generation request; a preflight backend opens its stream now, so that its refusal
+        is a plain error, with no response."""
+        if not turn.request.generate:
+            return
+        if self.engine_gate is not None:
+            with span.stage("engine.wait"):  # a free engine slot, in the tenant's turn
+                progress.slot = await self.engine_gate.acquire(turn.tenant, turn.request.priority or 0)
+        progress.engine = span.stage("engine")
+        progress.first_token = span.stage("engine.first_token")
+        progress.clock.start(turn, progress.first_token, self.metrics)
+        # The engine request continues this trace under the engine stage (the client's own
+        # trace context when nothing traces here), so an engine's spans join it.
+        trace_context = span.inject(progress.engine) or turn.trace
+        progress.generation = self._generation_request(turn, route, progress.rendered, progress.context, trace_context)
+        if isinstance(route.backend, PreflightBackend) and not progress.compact_now:
+            try:
+                progress.opened = await route.backend.open_stream(progress.generation)
+            except BaseException as exc:
+                progress.end_engine(exc)
+                if progress.slot is not None:
+                    progress.slot.release()
+                raise
+
+    async def _respond(
+        self,
+        turn: Turn,
+        parent: ResponseState | None,
+        route: Route,
+        ctx: HookContext,
+        admitted: _Admitted,
+        progress: _Progress,
+        span: TurnSpan,
+    ) -> None:
+        """From ``response.created`` to the output's end: the response exists, and whatever
+        happens it gets billed. A failure ends it ``failed``; a cancellation is billed and raised."""
+        out = progress.out
+        try:
             # Its open entry is in the journal before the client hears of it.
             if self.journal is not None:
                 with span.stage("journal.open"):
-                    durable = self.journal.begin(self._open_entry(turn, route, rendered))
+                    durable = self.journal.begin(self._open_entry(turn, route, progress.rendered))
                     if durable is not None:
                         await durable
             response = self._response(turn, status="in_progress", output=[])
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
-            history = parent.conversation if parent else None
-            if compact_now:
-                rendered, input_context = await self._compact(turn, route, rendered, input_context, out)
-                context_now, base = input_context, list(input_context.own_items)
-                first_output = output_start = round_start = len(out.output)
-                if generation is not None:
-                    generation = self._generation_request(turn, route, rendered, input_context, generation.trace_context)
-                    if isinstance(route.backend, PreflightBackend):  # opened on the compacted log
-                        opened = await route.backend.open_stream(generation)
-            if generation is not None:
-                stream, opened = opened, None  # from here on, _generate closes it
-                late_flag, alongside_state, finish = await self._generate(
-                    route, generation, out, ctx, items, parent.hook_state if parent else {}, history,
-                    turn.response_id, turn.interrupt, stream, clock,
-                )
-                engine_usage = finish.usage if finish else None
-                while turn.append is not None and finish is not None and self._may_append(turn, late_flag, finish):
-                    await out.close()
-                    calls = self._calls_since(out, round_start)
-                    if not calls:
-                        break
-                    await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
-                    if slot is not None:  # no engine slot is held while the client runs its tools
-                        slot.release()
-                        slot = None
-                    appended = await turn.append.wait(calls)
-                    if self.engine_gate is not None:
-                        slot = await self.engine_gate.acquire(turn.tenant, request.priority or 0)
-                    round_items = out.output[round_start:]
-                    before_append = context_now.extend(round_items)
-                    try:
-                        appended, hook_state = await self.hooks.run_before(ctx, appended, hook_state, history=before_append)
-                    except ResponsesError as exc:  # a blocking hook flagged the appended input:
-                        # the response ends after its calls, as if nothing had been appended.
-                        verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
-                        late_flag = Flag("append", verdict)
-                        break
-                    # The engine call that ended is spent; the next one continues the same response.
-                    used = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
-                    spent = (used.input_tokens, used.input_tokens_details.cached_tokens, used.output_tokens)
-                    engine_usage = None
-                    output_start, round_start = out.output_tokens, len(out.output)
-                    earlier += [*round_items, *appended]
-                    context_now = before_append.extend(appended)
-                    rendered = self._append_tokens(route, rendered, round_items, finish.token_ids, appended)
-                    generation = dataclasses.replace(
-                        generation,
-                        conversation=context_now,
-                        prompt=Prompt(rendered.log, route.renderer) if rendered is not None and route.renderer else None,
-                    )
-                    if self.journal is not None:  # the input grew: a crash now bills all of it
-                        grown = self._usage(turn, route, rendered, out, None, spent, output_start)
-                        self.journal.progress(
-                            turn.response_id, out.output_tokens, out.reasoning_tokens,
-                            input_tokens=grown.input_tokens, cached_tokens=grown.input_tokens_details.cached_tokens,
-                        )
-                    # Alongside hooks go on from their own state: they see only the appended items.
-                    carried = {**(parent.hook_state if parent else {}), **alongside_state}
-                    late_flag, more_state, finish = await self._generate(
-                        route, generation, out, ctx, appended, carried, before_append, turn.response_id, turn.interrupt
-                    )
-                    alongside_state.update(more_state)
-                    engine_usage = finish.usage if finish else None
+            if progress.compact_now:
+                await self._compact_first(turn, route, progress)
+            if progress.generation is not None:
+                await self._generate_rounds(turn, parent, route, ctx, admitted.items, progress)
             elif self.hooks.alongside:  # a warm-up generates nothing, but its items are still checked
-                late_flag, alongside_state = await self.hooks.run_alongside(
-                    ctx, items, parent.hook_state if parent else {}, history=history
+                progress.late_flag, progress.alongside_state = await self.hooks.run_alongside(
+                    ctx, admitted.items, parent.hook_state if parent else {}, history=parent.conversation if parent else None
                 )
-            if late_flag is not None:
-                await out.close("incomplete")
-                if self.hooks.late_flag == "failed":
-                    status, error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
-                else:
-                    status, incomplete = "incomplete", IncompleteDetails("content_filter")
-            elif turn.interrupt is not None and turn.interrupt.taken:
-                # A message cut by steering is incomplete; reasoning it stopped after is complete.
-                await out.close("incomplete" if out.open_kind == "message" else "completed")
-                status, incomplete = "incomplete", IncompleteDetails("steered")
-                self.metrics.inc("responses_steered_total", {"transport": turn.transport})
-            elif finish is not None and finish.reason in ("length", "content_filter"):
-                await out.close("incomplete")
-                reason = "max_output_tokens" if finish.reason == "length" else "content_filter"
-                status, incomplete = "incomplete", IncompleteDetails(reason)
-            else:
-                await out.close()
+            await self._close_output(turn, progress)
         except asyncio.CancelledError as exc:
-            first_token.end(exc)
-            engine.end(exc)
-            self._bill(turn, route, self._usage(turn, route, rendered, out, engine_usage, spent, output_start), "cancelled")
+            progress.end_engine(exc)
+            self._bill(turn, route, self._usage(turn, route, progress), "cancelled")
             self.metrics.inc("responses_cancelled_total")
-            self._log_turn(turn, "cancelled", rendered, None, error=exc)
+            self._log_turn(turn, "cancelled", progress.rendered, None, error=exc)
             raise
         except Exception as exc:
-            first_token.end(exc)
-            engine.end(exc)
-            failure = exc
+            progress.end_engine(exc)
+            progress.failure = exc
             if isinstance(exc, BackendError):
                 code, message = exc.code, str(exc)
             else:
                 logger.exception("generation failed for %s", turn.response_id)
                 code, message = "server_error", "The server had an error while processing your request."
-            status, error = "failed", ResponseErrorInfo(code, message)
+            progress.status, progress.error = "failed", ResponseErrorInfo(code, message)
         finally:
-            if opened is not None:  # started, but never handed to _generate
+            if progress.opened is not None:  # started, but never handed to _generate
                 with contextlib.suppress(Exception):
-                    await close_stream(opened)
-            first_token.end()  # a response that streamed nothing
-            engine.end()
-            clock.stop()
-            if slot is not None:
-                slot.release()
-        timings["generate"] = time.perf_counter() - t2
+                    await close_stream(progress.opened)
+            progress.end_engine()  # a response that streamed nothing
+            progress.clock.stop()
+            if progress.slot is not None:
+                progress.slot.release()
 
-        # finalize: the child state shares everything it can with its parent.
-        t3 = time.perf_counter()
-        usage = self._usage(turn, route, rendered, out, engine_usage, spent, output_start)
-        final = self._response(turn, status=status, output=out.output, usage=usage, error=error, incomplete=incomplete)
+    async def _compact_first(self, turn: Turn, route: Route, progress: _Progress) -> None:
+        """An automatic compaction before generating: its item is the first output and the
+        conversation's new base; the engine request (and a preflight stream) is made anew on it."""
+        progress.rendered, progress.context = await self._compact(turn, route, progress.rendered, progress.context, progress.out)
+        progress.base = list(progress.context.own_items)
+        progress.first_output = progress.output_start = progress.round_start = len(progress.out.output)
+        if progress.generation is not None:
+            progress.generation = self._generation_request(
+                turn, route, progress.rendered, progress.context, progress.generation.trace_context
+            )
+            if isinstance(route.backend, PreflightBackend):  # opened on the compacted log
+                progress.opened = await route.backend.open_stream(progress.generation)
+
+    async def _generate_rounds(
+        self,
+        turn: Turn,
+        parent: ResponseState | None,
+        route: Route,
+        ctx: HookContext,
+        items: list[Item],
+        progress: _Progress,
+    ) -> None:
+        """Stream the engine; a response kept open by ``response.append`` then waits for the
+        outputs of the calls it made, and generates again with them, until it calls nothing."""
+        assert progress.generation is not None
+        stream, progress.opened = progress.opened, None  # from here on, _generate closes it
+        history = parent.conversation if parent else None
+        progress.late_flag, progress.alongside_state, progress.finish = await self._generate(
+            route, progress.generation, progress.out, ctx, items, parent.hook_state if parent else {}, history,
+            turn.response_id, turn.interrupt, stream, progress.clock,
+        )
+        progress.engine_usage = progress.finish.usage if progress.finish else None
+        while turn.append is not None and progress.finish is not None and self._may_append(turn, progress.late_flag, progress.finish):
+            if not await self._append_round(turn, parent, route, ctx, progress):
+                break
+
+    async def _append_round(
+        self, turn: Turn, parent: ResponseState | None, route: Route, ctx: HookContext, progress: _Progress
+    ) -> bool:
+        """One ``response.append`` round: wait for the outputs of the calls the last engine call
+        made (no engine slot held meanwhile), check them with the blocking hooks, append them to
+        the token log, and generate again. ``False``: the response ends here."""
+        assert progress.generation is not None and progress.finish is not None and turn.append is not None
+        out = progress.out
+        await out.close()
+        calls = self._calls_since(out, progress.round_start)
+        if not calls:
+            return False
+        await out.send(AwaitingInput(response_id=turn.response_id, call_ids=list(calls)))
+        if progress.slot is not None:  # no engine slot is held while the client runs its tools
+            progress.slot.release()
+            progress.slot = None
+        appended = await turn.append.wait(calls)
+        if self.engine_gate is not None:
+            progress.slot = await self.engine_gate.acquire(turn.tenant, turn.request.priority or 0)
+        round_items = out.output[progress.round_start :]
+        before_append = progress.context.extend(round_items)
+        try:
+            appended, progress.hook_state = await self.hooks.run_before(ctx, appended, progress.hook_state, history=before_append)
+        except ResponsesError as exc:  # a blocking hook flagged the appended input:
+            # the response ends after its calls, as if nothing had been appended.
+            verdict = Verdict(flagged=True, code=exc.code or "content_filter", message=exc.message)
+            progress.late_flag = Flag("append", verdict)
+            return False
+        # The engine call that ended is spent; the next one continues the same response.
+        used = self._usage(turn, route, progress)
+        progress.spent = (used.input_tokens, used.input_tokens_details.cached_tokens, used.output_tokens)
+        progress.engine_usage = None
+        progress.output_start, progress.round_start = out.output_tokens, len(out.output)
+        progress.earlier += [*round_items, *appended]
+        progress.context = before_append.extend(appended)
+        progress.rendered = self._append_tokens(route, progress.rendered, round_items, progress.finish.token_ids, appended)
+        progress.generation = dataclasses.replace(
+            progress.generation,
+            conversation=progress.context,
+            prompt=Prompt(progress.rendered.log, route.renderer) if progress.rendered is not None and route.renderer else None,
+        )
+        if self.journal is not None:  # the input grew: a crash now bills all of it
+            grown = self._usage(turn, route, progress)
+            self.journal.progress(
+                turn.response_id, out.output_tokens, out.reasoning_tokens,
+                input_tokens=grown.input_tokens, cached_tokens=grown.input_tokens_details.cached_tokens,
+            )
+        # Alongside hooks go on from their own state: they see only the appended items.
+        carried = {**(parent.hook_state if parent else {}), **progress.alongside_state}
+        progress.late_flag, more_state, progress.finish = await self._generate(
+            route, progress.generation, out, ctx, appended, carried, before_append, turn.response_id, turn.interrupt
+        )
+        progress.alongside_state.update(more_state)
+        progress.engine_usage = progress.finish.usage if progress.finish else None
+        return True
+
+    async def _close_output(self, turn: Turn, progress: _Progress) -> None:
+        """Close the open output item, and say why the response ends: a late flag, steering, the
+        engine's length or content filter, or completed."""
+        out, late_flag, finish = progress.out, progress.late_flag, progress.finish
+        if late_flag is not None:
+            await out.close("incomplete")
+            if self.hooks.late_flag == "failed":
+                progress.status, progress.error = "failed", ResponseErrorInfo(late_flag.verdict.code, late_flag.verdict.message)
+            else:
+                progress.status, progress.incomplete = "incomplete", IncompleteDetails("content_filter")
+        elif turn.interrupt is not None and turn.interrupt.taken:
+            # A message cut by steering is incomplete; reasoning it stopped after is complete.
+            await out.close("incomplete" if out.open_kind == "message" else "completed")
+            progress.status, progress.incomplete = "incomplete", IncompleteDetails("steered")
+            self.metrics.inc("responses_steered_total", {"transport": turn.transport})
+        elif finish is not None and finish.reason in ("length", "content_filter"):
+            await out.close("incomplete")
+            reason = "max_output_tokens" if finish.reason == "length" else "content_filter"
+            progress.status, progress.incomplete = "incomplete", IncompleteDetails(reason)
+        else:
+            await out.close()
+
+    async def _finalize(
+        self,
+        turn: Turn,
+        parent: ResponseState | None,
+        route: Route,
+        after: Continuation,
+        admitted: _Admitted,
+        progress: _Progress,
+        span: TurnSpan,
+        started: float,
+    ) -> ResponseState:
+        """Bill, make the child state, store the response, then send the terminal event."""
+        usage = self._usage(turn, route, progress)
+        truncated = progress.truncated
+        final = self._response(
+            turn, status=progress.status, output=progress.out.output, usage=usage, error=progress.error,
+            incomplete=progress.incomplete,
+        )
         if truncated is not None:
             final.truncation_details = TruncationDetails(
                 truncated.dropped_items, truncated.untruncated_tokens - truncated.log.num_tokens
@@ -531,27 +597,56 @@ class Pipeline:
         # Billed before anything below can be interrupted: a disconnect while the response is
         # being stored must not lose its usage record.
         closing = span.stage("journal.close") if self.billing is not None else NO_STAGE
-        durable = self._bill(turn, route, usage, status)
+        durable = self._bill(turn, route, usage, progress.status)
         if durable is None:
             closing.end()
+        state = self._child_state(turn, parent, route, after, admitted, progress, final, truncated)
+        if progress.status != "failed":
+            tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
+            if turn.request.store and self.store is not None:
+                await self._store(turn, parent, after, admitted.items, progress, final, state.token_log, span)
+        turn.timings["finalize"] = time.perf_counter() - started
+        if durable is not None:  # machine durability: the close entry is on disk first
+            await durable
+            closing.end()
+        await self._end(turn, progress, usage, final, span)
+        return state
+
+    def _child_state(
+        self,
+        turn: Turn,
+        parent: ResponseState | None,
+        route: Route,
+        after: Continuation,
+        admitted: _Admitted,
+        progress: _Progress,
+        final: Response,
+        truncated: RenderedPrompt | None,
+    ) -> ResponseState:
+        """The state a continuation of this response starts from: it shares everything it can
+        with its parent (the conversation, the token log extended by the output)."""
+        request, rendered, out = turn.request, progress.rendered, progress.out
         log = None
-        if rendered is not None and route.renderer is not None and status != "failed":
-            log = extend_with_output(route.renderer, rendered.log, out.output[round_start:], finish.token_ids if finish else None)
-        # After the input: the output, with the tool outputs appended into it where they came.
-        after_input: list[Item] = [*earlier, *out.output[round_start:]]
-        own_items: list[Item] = [*items, *after_input]
-        state = ResponseState(
+        if rendered is not None and route.renderer is not None and progress.status != "failed":
+            log = extend_with_output(
+                route.renderer, rendered.log, out.output[progress.round_start :],
+                progress.finish.token_ids if progress.finish else None,
+            )
+        after_input = progress.after_input
+        base = progress.base
+        own_items: list[Item] = [*admitted.items, *after_input]
+        return ResponseState(
             response=final,
             tenant=turn.tenant,
             lane=turn.lane,
-            conversation=context_now.extend(out.output[round_start:]),
+            conversation=progress.context.extend(out.output[progress.round_start :]),
             instructions=request.instructions,
             tools=turn.tools,
             fingerprint=rendered.fingerprint if rendered else None,
             token_log=log,
             route=route,
-            open_calls=open_calls_after(open_calls if base is None else open_calls_after({}, base), after_input),
-            hook_state={**hook_state, **alongside_state},
+            open_calls=open_calls_after(admitted.open_calls if base is None else open_calls_after({}, base), after_input),
+            hook_state={**progress.hook_state, **progress.alongside_state},
             conversation_key=turn.conversation_key,
             total_bytes=(
                 (parent.total_bytes if parent else 0) + sum(len(encode(i)) for i in own_items)
@@ -560,39 +655,57 @@ class Pipeline:
             ),
             **self._client_view(parent, after, truncated, base),
         )
-        if status != "failed":
-            tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
-        if request.store and self.store is not None and status != "failed":
-            # A full-input request matched against the cache has no previous_response_id: store the
-            # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
-            stored_input = (*context.items(), *items) if turn.reused_items else tuple(items)
-            snapshot = None
-            if log is not None and rendered is not None and self.store.keeps_snapshots:
-                # The segments this turn added; a root (header and every item) when the log was
-                # rendered from scratch or this response starts its own stored chain.
-                since = None
-                if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
-                    since = parent.token_log.num_items
-                snapshot = delta(log, since)
-            # A response that took appends is stored with them in its output, where they came, so
-            # that a continuation hydrated from the store sees the conversation the model saw.
-            # (An automatic compaction's item stays first, where the client saw it.)
-            stored = (
-                msgspec.structs.replace(final, output=[*out.output[:first_output], *after_input])
-                if round_start != first_output
-                else final
-            )
-            try:
-                with span.stage("store"):
-                    await self.store.put(
-                        StoredResponse(turn.tenant, stored, stored_input, request.instructions, turn.tools.raw, snapshot)
-                    )
-            except Exception:  # the response is complete and billed: finish it, unstored
-                logger.exception("could not store %s", turn.response_id)
-                self.metrics.inc("store_errors_total", {"transport": turn.transport})
-            else:
-                self.stored_items.add(turn.tenant, (*stored_input, *after_input), final.id)
-        timings["finalize"] = time.perf_counter() - t3
+
+    async def _store(
+        self,
+        turn: Turn,
+        parent: ResponseState | None,
+        after: Continuation,
+        items: list[Item],
+        progress: _Progress,
+        final: Response,
+        log: TokenLog | None,
+        span: TurnSpan,
+    ) -> None:
+        """Store the response (``store: true``): its input, its output with any appended tool
+        outputs where they came, and the token-log segments this turn added. A store failure is
+        logged and counted; the response is complete and billed either way."""
+        assert self.store is not None
+        rendered, out = progress.rendered, progress.out
+        # A full-input request matched against the cache has no previous_response_id: store the
+        # whole input it carried (the reused prefix too), or hydrating it would lose that prefix.
+        stored_input = (*after.context.items(), *items) if turn.reused_items else tuple(items)
+        snapshot = None
+        if log is not None and rendered is not None and self.store.keeps_snapshots:
+            # The segments this turn added; a root (header and every item) when the log was
+            # rendered from scratch or this response starts its own stored chain.
+            since = None
+            if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
+                since = parent.token_log.num_items
+            snapshot = delta(log, since)
+        after_input = progress.after_input
+        # A response that took appends is stored with them in its output, where they came, so
+        # that a continuation hydrated from the store sees the conversation the model saw.
+        # (An automatic compaction's item stays first, where the client saw it.)
+        stored = (
+            msgspec.structs.replace(final, output=[*out.output[: progress.first_output], *after_input])
+            if progress.round_start != progress.first_output
+            else final
+        )
+        try:
+            with span.stage("store"):
+                await self.store.put(
+                    StoredResponse(turn.tenant, stored, stored_input, turn.request.instructions, turn.tools.raw, snapshot)
+                )
+        except Exception:  # the response is complete and billed: finish it, unstored
+            logger.exception("could not store %s", turn.response_id)
+            self.metrics.inc("store_errors_total", {"transport": turn.transport})
+        else:
+            self.stored_items.add(turn.tenant, (*stored_input, *after_input), final.id)
+
+    async def _end(self, turn: Turn, progress: _Progress, usage: Usage, final: Response, span: TurnSpan) -> None:
+        """Count and log the turn, then send its terminal event; the turn's span ends after it."""
+        status = progress.status
         terminal: ev.Event
         if status == "completed":
             terminal = ev.ResponseCompleted(response=final)
@@ -600,24 +713,22 @@ class Pipeline:
             terminal = ev.ResponseIncomplete(response=final)
         else:
             terminal = ev.ResponseFailed(response=final)
-        if durable is not None:  # machine durability: the close entry is on disk first
-            await durable
-            closing.end()
         # Counted and logged before the client hears the end (a client that closes at once
         # cancels nothing of that).
-        self._observe(turn, rendered, status, clock)
-        engine_cached = engine_usage.cached_tokens if engine_usage is not None else None
+        self._observe(turn, progress.rendered, status, progress.clock)
+        engine_cached = progress.engine_usage.cached_tokens if progress.engine_usage is not None else None
         if span.recording:
-            self._describe(span, turn, rendered, usage, engine_cached)
-        self._log_turn(turn, status, rendered, usage, clock=clock, engine_cached=engine_cached, error=failure)
+            self._describe(span, turn, progress.rendered, usage, engine_cached)
+        self._log_turn(
+            turn, status, progress.rendered, usage, clock=progress.clock, engine_cached=engine_cached, error=progress.failure
+        )
         try:
-            await out.send(terminal)
+            await progress.out.send(terminal)
         finally:
             # The turn's spans are made and handed to the exporter once the client has the
             # terminal event: a tracer's work is off the turn's time (and ends them however the
             # send ends, a cancelled send included).
-            span.end(status, failure)
-        return state
+            span.end(status, progress.failure)
 
     @staticmethod
     def _client_view(
@@ -729,22 +840,14 @@ class Pipeline:
             raise renumbered(exc, turn.reused_items) from None
         turn.conversation_key = (parent.conversation_key if parent else "") or turn.request.prompt_cache_key or turn.response_id
         after = continuation(parent, turn.items)
-        render_parent, context, in_context = after.parent, after.context, after.items
         log = None
         if route.renderer is not None:
             call = functools.partial(
-                render, route.renderer, render_parent, context, in_context, turn.request.instructions, turn.tools,
+                render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
                 context_window=route.window,
             )
-            try:
-                if self._render_size(render_parent, in_context) >= self.offload_chars:
-                    rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
-                else:
-                    rendered = call()
-            except ResponsesError as exc:
-                raise renumbered(exc, turn.reused_items) from None
-            log = rendered.log
-        conversation = context.extend(in_context)
+            log = (await self._tokenize(turn, after, call)).log
+        conversation = after.context.extend(after.items)
         summary = await self.summarize(turn, route, turn.response_id, conversation, log)
         item = seal(summary.text, new_id("cmp"))
         self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "compact"})
@@ -764,20 +867,15 @@ class Pipeline:
         is given even past the route's context window."""
         assert route.renderer is not None
         try:
-            self.validator(
-                turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media
-            )
-            after = continuation(parent, turn.items)
-            call = functools.partial(
-                render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
-                context_window=sys.maxsize,
-            )
-            if self._render_size(after.parent, after.items) >= self.offload_chars:
-                rendered = await asyncio.get_running_loop().run_in_executor(self._tokenizers(), call)
-            else:
-                rendered = call()
+            self.validator(turn.items, parent.open_calls if parent else {}, accepts_media=route.backend.accepts_media)
         except ResponsesError as exc:
             raise renumbered(exc, turn.reused_items) from None
+        after = continuation(parent, turn.items)
+        call = functools.partial(
+            render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
+            context_window=sys.maxsize,
+        )
+        rendered = await self._tokenize(turn, after, call)
         return rendered.log.num_tokens + len(route.renderer.generation_prompt)
 
     def _tokenizers(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -977,30 +1075,23 @@ class Pipeline:
         )
 
     @staticmethod
-    def _usage(
-        turn: Turn,
-        route: Route,
-        rendered: RenderedPrompt | None,
-        out: OutputBuilder,
-        engine: EngineUsage | None,
-        spent: tuple[int, int, int] = (0, 0, 0),
-        output_start: int = 0,
-    ) -> Usage:
+    def _usage(turn: Turn, route: Route, progress: _Progress) -> Usage:
         """``input_tokens`` is the prompt the engine saw (log + generation prompt); ``cached_tokens``
         the prefix reused from the cached log. A warm-up runs no model and uses nothing. A response
-        kept open by ``response.append`` adds its earlier engine calls (``spent``: prompt, cached
-        and output tokens) to the current one's, whose output starts at ``output_start``."""
+        kept open by ``response.append`` adds its earlier engine calls (``progress.spent``: prompt,
+        cached and output tokens) to the current one's, whose output starts at ``output_start``."""
         if not turn.request.generate:
             return Usage.of(0, 0, 0)
-        if rendered is not None and route.renderer is not None:
-            prompt, cached = Pipeline._prompt_tokens(turn, route, rendered)
+        engine, spent = progress.engine_usage, progress.spent
+        if progress.rendered is not None and route.renderer is not None:
+            prompt, cached = Pipeline._prompt_tokens(turn, route, progress.rendered)
         else:
             prompt = (engine.prompt_tokens or 0) if engine else 0
             cached = min((engine.cached_tokens or 0) if engine else 0, prompt)
-        output = out.output_tokens - output_start
+        output = progress.out.output_tokens - progress.output_start
         if engine is not None and engine.output_tokens is not None:
             output = engine.output_tokens
-        return Usage.of(prompt + spent[0], cached + spent[1], output + spent[2], out.reasoning_tokens)
+        return Usage.of(prompt + spent[0], cached + spent[1], output + spent[2], progress.out.reasoning_tokens)
 
     def _response(
         self,
@@ -1188,3 +1279,70 @@ class _EngineClock:
         if self.started is not None and self.ended is not None:
             total -= self.ended - self.started
         return max(total, 0.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A turn's input as validation and the blocking hooks let it through."""
+
+    items: list[Item]
+    #: The calls left open once the new items are in (validation checked their outputs).
+    open_calls: dict[str, str]
+    hook_state: dict[str, Any]
+    #: The input ended with a ``compaction_trigger`` item: compact now.
+    triggered: bool
+    #: ``context_management``'s token threshold for an automatic compaction (``None``: none).
+    threshold: int | None
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Progress:
+    """A response from ``response.created`` to its terminal event: its output so far, the context
+    and prompt it has grown to (a compaction replaces them; ``response.append`` rounds extend
+    them), its engine call, and how it ends."""
+
+    out: OutputBuilder
+    rendered: RenderedPrompt | None
+    #: The rendered prompt when ``truncation: "auto"`` cut the conversation.
+    truncated: RenderedPrompt | None
+    context: Conversation
+    #: The conversation's new base when this turn replaced what came before (``None``: it did not).
+    base: list[Item] | None
+    hook_state: dict[str, Any]
+    compact_now: bool
+    # The engine call (spans end with it; a preflight stream is ``opened`` until it streams).
+    generation: GenerationRequest | None = None
+    opened: AsyncGenerator[BackendEvent, None] | None = None
+    slot: EngineSlot | None = None
+    engine: StageSpan = NO_STAGE
+    first_token: StageSpan = NO_STAGE
+    clock: _EngineClock = dataclasses.field(default_factory=_EngineClock)
+    # What the engine calls gave: the late flag, alongside hooks' states, the last call's end.
+    late_flag: Flag | None = None
+    alongside_state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    finish: Finish | None = None
+    engine_usage: EngineUsage | None = None
+    # Engine calls finished before the current one (prompt, cached, output tokens), where the
+    # current one's output starts, the output item it starts at, and the items after the input
+    # before it (output and appended tool outputs, in order).
+    spent: tuple[int, int, int] = (0, 0, 0)
+    output_start: int = 0
+    round_start: int = 0
+    earlier: list[Item] = dataclasses.field(default_factory=list)
+    #: Output items before the engine's (the compaction item of an automatic compaction).
+    first_output: int = 0
+    # How it ends.
+    status: str = "completed"
+    failure: BaseException | None = None
+    error: ResponseErrorInfo | None = None
+    incomplete: IncompleteDetails | None = None
+
+    @property
+    def after_input(self) -> list[Item]:
+        """After the input: the output, with the tool outputs appended into it where they came."""
+        return [*self.earlier, *self.out.output[self.round_start :]]
+
+    def end_engine(self, error: BaseException | None = None) -> None:
+        """End the engine stages (idempotent)."""
+        self.first_token.end(error)
+        self.engine.end(error)
