@@ -195,33 +195,7 @@ class BackgroundRunner:
         if store is None:
             raise invalid_request("Background mode needs a response store.", "background", "unsupported_parameter")
         request = turn.request
-        queued = Response(
-            id=turn.response_id,
-            created_at=int(turn.created_at),
-            status="queued",
-            model=turn.model,
-            output=[],
-            tools=msgspec.Raw(turn.tools.raw),
-            tool_choice=request.tool_choice,
-            parallel_tool_calls=request.parallel_tool_calls,
-            instructions=request.instructions,
-            metadata=request.metadata or {},
-            temperature=request.temperature,
-            top_p=request.top_p,
-            previous_response_id=request.previous_response_id,
-            store=True,
-            background=True,
-            max_output_tokens=request.max_output_tokens,
-            max_tool_calls=request.max_tool_calls,
-            reasoning=request.reasoning,
-            text=request.text or {"format": {"type": "text"}},
-            truncation=request.truncation or "disabled",
-            service_tier=request.service_tier or "default",
-            top_logprobs=request.top_logprobs or 0,
-            prompt_cache_key=request.prompt_cache_key,
-            safety_identifier=request.safety_identifier,
-            user=request.user,
-        )
+        queued = msgspec.structs.replace(turn.response("queued", []), store=True, background=True)
         stored = StoredResponse(turn.tenant, queued, tuple(turn.items), request.instructions, turn.tools.raw)
         await store.put(stored)
         run = _Run(turn.tenant, stored)

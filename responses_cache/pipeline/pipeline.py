@@ -422,7 +422,7 @@ class Pipeline:
                     durable = self.journal.begin(self._open_entry(turn, route, progress.rendered))
                     if durable is not None:
                         await durable
-            response = self._response(turn, status="in_progress", output=[])
+            response = turn.response("in_progress", [])
             await out.send(ev.ResponseCreated(response=response))
             await out.send(ev.ResponseInProgress(response=response))
             if progress.compact_now:
@@ -586,9 +586,9 @@ class Pipeline:
         """Bill, make the child state, store the response, then send the terminal event."""
         usage = self._usage(turn, route, progress)
         truncated = progress.truncated
-        final = self._response(
-            turn, status=progress.status, output=progress.out.output, usage=usage, error=progress.error,
-            incomplete=progress.incomplete,
+        final = turn.response(
+            progress.status, progress.out.output, usage=usage, error=progress.error, incomplete=progress.incomplete,
+            completed_at=int(self.clock()) if progress.status == "completed" else None,
         )
         if truncated is not None:
             final.truncation_details = TruncationDetails(
@@ -807,23 +807,7 @@ class Pipeline:
         if self.billing is None:
             return
         try:
-            self.billing.submit(
-                UsageRecord(
-                    response_id=summary_id,
-                    tenant=turn.tenant,
-                    model=turn.model,
-                    route=route.name,
-                    status="completed",
-                    input_tokens=usage.input_tokens,
-                    cached_tokens=usage.input_tokens_details.cached_tokens,
-                    output_tokens=usage.output_tokens,
-                    reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
-                    created_at=turn.created_at,
-                    finished_at=self.clock(),
-                    transport=turn.transport,
-                    previous_response_id=turn.request.previous_response_id,
-                )
-            )
+            self.billing.submit(self._record(turn, route, summary_id, "completed", usage))
         except Exception:  # billing must never break a turn; the biller keeps what it can
             logger.exception("could not submit the usage record of compaction %s", summary_id)
 
@@ -1093,51 +1077,6 @@ class Pipeline:
             output = engine.output_tokens
         return Usage.of(prompt + spent[0], cached + spent[1], output + spent[2], progress.out.reasoning_tokens)
 
-    def _response(
-        self,
-        turn: Turn,
-        *,
-        status: Any,
-        output: list[WireItem],
-        usage: Usage | None = None,
-        error: ResponseErrorInfo | None = None,
-        incomplete: IncompleteDetails | None = None,
-    ) -> Response:
-        r = turn.request
-        return Response(
-            id=turn.response_id,
-            created_at=int(turn.created_at),
-            status=status,
-            model=turn.model,
-            output=list(output),
-            # The parsed tool set's bytes, shared by every turn that sends the same tools: echoing
-            # ``r.tools`` would pin the whole request frame in the cached state.
-            tools=msgspec.Raw(turn.tools.raw),
-            tool_choice=r.tool_choice,
-            parallel_tool_calls=r.parallel_tool_calls,
-            instructions=r.instructions,
-            error=error,
-            incomplete_details=incomplete,
-            metadata=r.metadata or {},
-            temperature=r.temperature,
-            top_p=r.top_p,
-            previous_response_id=r.previous_response_id,
-            store=r.store,
-            background=r.background,
-            completed_at=int(self.clock()) if status == "completed" else None,
-            max_output_tokens=r.max_output_tokens,
-            max_tool_calls=r.max_tool_calls,
-            reasoning=r.reasoning,
-            text=r.text or {"format": {"type": "text"}},
-            truncation=r.truncation or "disabled",
-            service_tier=r.service_tier or "default",
-            top_logprobs=r.top_logprobs or 0,
-            prompt_cache_key=r.prompt_cache_key,
-            safety_identifier=r.safety_identifier,
-            user=r.user,
-            usage=usage,
-        )
-
     def _bill(self, turn: Turn, route: Route, usage: Usage, status: str) -> Awaitable[None] | None:
         """Hand the response's usage record to billing; an awaitable result is awaited before
         the terminal event goes out (journal durability ``machine``). The same usage is what
@@ -1146,27 +1085,31 @@ class Pipeline:
         if self.billing is None:
             return None
         try:
-            record = UsageRecord(
-                response_id=turn.response_id,
-                tenant=turn.tenant,
-                model=turn.model,
-                route=route.name,
-                status=status,  # type: ignore[arg-type]
-                input_tokens=usage.input_tokens,
-                cached_tokens=usage.input_tokens_details.cached_tokens,
-                output_tokens=usage.output_tokens,
-                reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
-                created_at=turn.created_at,
-                finished_at=self.clock(),
-                transport=turn.transport,
-                previous_response_id=turn.request.previous_response_id,
-            )
+            record = self._record(turn, route, turn.response_id, status, usage)
             if self.journal is not None:
                 return self.journal.end(record)
             self.billing.submit(record)
         except Exception:  # billing must never break a turn; the biller keeps what it can
             logger.exception("could not submit the usage record of %s", turn.response_id)
         return None
+
+    def _record(self, turn: Turn, route: Route, response_id: str, status: str, usage: Usage) -> UsageRecord:
+        """The usage record billed under ``response_id`` (the response's, or a compaction's)."""
+        return UsageRecord(
+            response_id=response_id,
+            tenant=turn.tenant,
+            model=turn.model,
+            route=route.name,
+            status=status,  # type: ignore[arg-type]
+            input_tokens=usage.input_tokens,
+            cached_tokens=usage.input_tokens_details.cached_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.output_tokens_details.reasoning_tokens,
+            created_at=turn.created_at,
+            finished_at=self.clock(),
+            transport=turn.transport,
+            previous_response_id=turn.request.previous_response_id,
+        )
 
     def _observe(self, turn: Turn, rendered: RenderedPrompt | None, status: str, clock: _EngineClock) -> None:
         m = self.metrics

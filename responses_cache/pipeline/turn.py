@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import msgspec
 
 from ..compaction import Compaction
-from ..protocol.items import Item, Reasoning
+from ..protocol.items import Item, Reasoning, WireItem
 from ..protocol.request import CreateResponse
+from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..protocol.tools import ToolSet
 from ..quotas import Admission
 from ..tracing import NO_TURN, TurnSpan
@@ -68,3 +71,49 @@ class Turn:
     def model(self) -> str:
         assert self.request.model is not None
         return self.request.model
+
+    def response(
+        self,
+        status: Any,
+        output: list[WireItem],
+        *,
+        completed_at: int | None = None,
+        usage: Usage | None = None,
+        error: ResponseErrorInfo | None = None,
+        incomplete: IncompleteDetails | None = None,
+    ) -> Response:
+        """The turn's response object as it stands (``status``, ``output``), echoing the request."""
+        r = self.request
+        return Response(
+            id=self.response_id,
+            created_at=int(self.created_at),
+            status=status,
+            model=self.model,
+            output=list(output),
+            # The parsed tool set's bytes, shared by every turn that sends the same tools: echoing
+            # ``r.tools`` would pin the whole request frame in the cached state.
+            tools=msgspec.Raw(self.tools.raw),
+            tool_choice=r.tool_choice,
+            parallel_tool_calls=r.parallel_tool_calls,
+            instructions=r.instructions,
+            error=error,
+            incomplete_details=incomplete,
+            metadata=r.metadata or {},
+            temperature=r.temperature,
+            top_p=r.top_p,
+            previous_response_id=r.previous_response_id,
+            store=r.store,
+            background=r.background,
+            completed_at=completed_at,
+            max_output_tokens=r.max_output_tokens,
+            max_tool_calls=r.max_tool_calls,
+            reasoning=r.reasoning,
+            text=r.text or {"format": {"type": "text"}},
+            truncation=r.truncation or "disabled",
+            service_tier=r.service_tier or "default",
+            top_logprobs=r.top_logprobs or 0,
+            prompt_cache_key=r.prompt_cache_key,
+            safety_identifier=r.safety_identifier,
+            user=r.user,
+            usage=usage,
+        )
