@@ -76,6 +76,8 @@ class Seen:
     created: set[str] = field(default_factory=set)
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Why each client that stopped stopped (before the kill, a failure of the test).
+    errors: list[str] = field(default_factory=list)
 
 
 def _client(port: int, seen: Seen, stop: threading.Event, hang_up: bool) -> None:
@@ -109,7 +111,8 @@ def _client(port: int, seen: Seen, stop: threading.Event, hang_up: bool) -> None
                             raise AssertionError(f"unexpected {kind}: {event}")
                     if hang_up and deltas == 50:
                         break  # close the socket mid-stream: the server bills it as cancelled
-        except Exception:
+        except Exception as exc:
+            seen.errors.append(f"{type(exc).__name__}: {exc}")
             return  # the server was killed (before that, a dead client fails the test)
 
 
@@ -124,7 +127,7 @@ def _load_then_kill(server: Server, count: int) -> Seen:
     deadline = time.monotonic() + 60
     while len(seen.created) < count:
         assert time.monotonic() < deadline, "load did not get going"
-        assert all(t.is_alive() for t in threads[1:]), "a client failed"
+        assert all(t.is_alive() for t in threads[1:]), f"a client failed: {seen.errors}"
         time.sleep(0.005)
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(10)
