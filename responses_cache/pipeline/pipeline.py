@@ -832,7 +832,13 @@ class Pipeline:
             )
             log = (await self._tokenize(turn, after, call)).log
         conversation = after.context.extend(after.items)
-        summary = await self.summarize(turn, route, turn.response_id, conversation, log)
+        # The summary is a generation like any other: it waits for an engine slot in its tenant's turn.
+        slot = await self.engine_gate.acquire(turn.tenant, turn.request.priority or 0) if self.engine_gate else None
+        try:
+            summary = await self.summarize(turn, route, turn.response_id, conversation, log)
+        finally:
+            if slot is not None:
+                slot.release()
         item = seal(summary.text, new_id("cmp"))
         self.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "compact"})
         return CompactedResponse(

@@ -16,6 +16,7 @@ import pytest
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.backends.base import BackendEvent, GenerationRequest
 from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig
+from responses_cache.sealing import Sealer, new_key
 from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEYS = {"sk-a": "a", "sk-b": "b"}
@@ -169,6 +170,25 @@ async def test_engine_slots_are_shared_round_robin_across_tenants() -> None:
     tenants = [r.tenant for r in backend.requests]
     assert tenants == ["a", "a", "b", "a", "a"]  # b's one turn goes second in line, not after a's four
     assert backend.requests[2].priority == 2 and backend.requests[0].priority is None
+
+
+async def test_a_compaction_on_demand_waits_for_an_engine_slot_and_frees_it() -> None:
+    backend = HeldBackend()
+    app = create_app(api_keys=KEYS, backend=backend, engine_slots=1, sealer=Sealer.from_text(new_key()))
+    gate = app.state.service.core.pipeline.engine_gate
+    async with _client(app) as client:
+        running = asyncio.ensure_future(client.post("/responses", json=_create(), headers=A))
+        await _until(lambda: len(backend.requests) == 1)
+        compacting = asyncio.ensure_future(client.post("/responses/compact", json=_create(), headers=B))
+        await _until(lambda: gate.waiting == 1)  # the summary waits in b's queue, the engine untouched
+        assert len(backend.requests) == 1
+        backend.go.release()
+        await _until(lambda: len(backend.requests) == 2)
+        backend.go.release()
+        answers = await asyncio.wait_for(asyncio.gather(running, compacting), 10)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert answers[1].json()["object"] == "response.compaction"
+        assert gate.free == 1  # the summary gave its slot back
 
 
 @pytest.mark.parametrize("priority", [True, "high", 1.5])
