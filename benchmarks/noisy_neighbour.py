@@ -39,12 +39,7 @@ import httpx
 from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
+from responses_cache.testing import ServeProcess, serve_in_process
 
 #: The two tenants: the normal client's key and the neighbour's.
 NORMAL_KEY, NOISY_KEY = "sk-normal", "sk-noisy"
@@ -54,19 +49,10 @@ def _auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-def _start_server(port: int, settings: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _start_server(settings: dict[str, str] | None = None) -> ServeProcess:
     """``responses-cache serve`` with default limits (``settings``: ``RESPONSES_CACHE_*`` overrides)."""
-    code = f"from responses_cache.cli import main; raise SystemExit(main(['serve', '--port', '{port}']))"
     env = {**os.environ, "RESPONSES_CACHE_API_KEYS": f"{NORMAL_KEY},{NOISY_KEY}", **(settings or {})}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(NORMAL_KEY), timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the server did not start")
+    return serve_in_process(env=env)
 
 
 def _rss_mib(pid: int) -> float:
@@ -290,16 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         return neighbour_process(args.neighbour, args.only)
     if args.retained:
         return retained(args.retained)
-    port = _free_port()
     settings = {"RESPONSES_CACHE_" + k.upper(): v for k, _, v in (item.partition("=") for item in args.set)}
-    server = _start_server(port, settings)
-    url = f"ws://127.0.0.1:{port}/v1/responses"
+    server = _start_server(settings)
+    url, port, pid = server.ws_url, server.port, server.proc.pid
     try:
         normal_client(url, 10)  # warm up (tokenizer, caches)
-        cpu = [_cpu_s(server.pid)]
+        cpu = [_cpu_s(pid)]
         quiet = normal_client(url, args.turns)
-        cpu.append(_cpu_s(server.pid))
-        quiet_rss = _rss_mib(server.pid)
+        cpu.append(_cpu_s(pid))
+        quiet_rss = _rss_mib(pid)
         noisy_proc = subprocess.Popen(
             [sys.executable, __file__, "--neighbour", str(port), *(["--only", args.only] if args.only else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -308,14 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         noisy_started = time.perf_counter()
         noisy = normal_client(url, args.turns)
         noisy_s = time.perf_counter() - noisy_started + 2.0
-        cpu.append(_cpu_s(server.pid))
+        cpu.append(_cpu_s(pid))
         out, _ = noisy_proc.communicate(b"", timeout=300)
         report = json.loads(out.decode().strip().splitlines()[-1])
-        noisy_rss = _rss_mib(server.pid)
+        noisy_rss = _rss_mib(pid)
         again = normal_client(url, args.turns)  # the machine's own noise, for comparison
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop(30)
     print(f"normal client: {args.turns} chained WebSocket turns per run, simulated engine, {os.cpu_count()} CPUs")
     slow = 2 * _p(quiet, 99)
     print(f"{'run':<14}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'max ms':>10}   turns over 2x quiet p99")

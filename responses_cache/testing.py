@@ -10,15 +10,24 @@
   :mod:`responses_cache.fake_engines`): realistic engine fakes as ASGI apps, for adapter tests.
 * :func:`check_hook_equivalence` / :func:`assert_incremental_equals_full` check a hook's
   incremental contract: its verdict with carried state equals its verdict on the full history.
+* :func:`serve_in_thread` runs an app under uvicorn in a thread; :func:`serve_in_process` runs
+  ``responses-cache serve`` in a child process (for tests that kill it, or share a store).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -419,15 +428,11 @@ class LogicalClock:
         await asyncio.sleep(0)  # a real sleep lets others run: so does this one
 
 
-@dataclass
-class LiveServer:
-    """A server running in a background thread on a free loopback port (see :func:`serve_in_thread`)."""
+class _Address:
+    """The base URLs of a server listening on ``host``:``port``."""
 
-    app: Any
     host: str
     port: int
-    _server: Any = None
-    _thread: threading.Thread | None = None
 
     @property
     def http_url(self) -> str:
@@ -437,6 +442,17 @@ class LiveServer:
     def ws_url(self) -> str:
         return f"ws://{self.host}:{self.port}/v1/responses"
 
+
+@dataclass
+class LiveServer(_Address):
+    """A server running in a background thread on a free loopback port (see :func:`serve_in_thread`)."""
+
+    app: Any
+    host: str
+    port: int
+    _server: Any = None
+    _thread: threading.Thread | None = None
+
     def stop(self) -> None:
         """Ask uvicorn to exit (lifespan shutdown runs) and wait for its thread."""
         if self._server is not None:
@@ -445,16 +461,18 @@ class LiveServer:
             self._thread.join(10)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (another process may take it before it is used)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> LiveServer:
     """Run ``app`` under uvicorn in a daemon thread and return once it accepts connections."""
-    import socket
-
     import uvicorn
 
-    if port == 0:
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = int(probe.getsockname()[1])
+    port = port or free_port(host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=DEFAULT_MAX_MESSAGE_BYTES, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
@@ -465,3 +483,82 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> LiveSer
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
     return LiveServer(app, host, port, server, thread)
+
+
+@dataclass
+class ServeProcess(_Address):
+    """``responses-cache serve`` in a child process (see :func:`serve_in_process`)."""
+
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    #: The child's stdout and stderr (a file: a chatty server never blocks on a full pipe).
+    log: Path
+
+    def output(self) -> str:
+        """What the child has written so far."""
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Return once the server accepts connections; :class:`RuntimeError` (with its output)
+        if it exits or has not started within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection((self.host, self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"responses-cache serve did not start:\n{self.output()}") from None
+                time.sleep(0.05)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """A graceful stop (SIGTERM: connections drain, billing flushes); killed after ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would end it, and wait for it to be gone."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_process(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    host: str = "127.0.0.1",
+    wait: bool = True,
+    timeout: float = 60.0,
+) -> ServeProcess:
+    """Start ``responses-cache serve --host HOST --port <free> *args`` in a child process (this
+    Python, ``env`` or this process's environment) and return once it accepts connections
+    (``wait=False``: at once; call :meth:`ServeProcess.wait_ready`, to start several together)."""
+    if log is None:
+        handle, name = tempfile.mkstemp(prefix="responses-cache-serve-", suffix=".log")
+        os.close(handle)
+        log = Path(name)
+    port = free_port(host)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "responses_cache.cli", "serve", "--host", host, "--port", str(port), *args],
+            env=dict(env) if env is not None else None, stdout=out, stderr=subprocess.STDOUT,
+        )
+    server = ServeProcess(proc, host, port, log)
+    if wait:
+        server.wait_ready(timeout)
+    return server

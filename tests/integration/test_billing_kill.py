@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +26,8 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
+from responses_cache.testing import ServeProcess, free_port, serve_in_process
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 #: Long enough answers that responses are mid-stream (past a progress mark) when the kill lands.
@@ -35,40 +35,8 @@ ENGINE = json.dumps({"answer_tokens": 600, "output_tokens_per_s": 6000})
 CLIENTS = 6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, *args: str) -> None:
-        self.port = _free_port()
-        env = {**os.environ, "RESPONSES_CACHE_BACKEND_OPTIONS": ENGINE}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    out = self.proc.stdout.read() if self.proc.stdout else ""
-                    self.proc.kill()
-                    raise AssertionError(f"server did not start: {out}") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def _serve(*args: str) -> ServeProcess:
+    return serve_in_process(*args, env={**os.environ, "RESPONSES_CACHE_BACKEND_OPTIONS": ENGINE})
 
 
 @dataclass
@@ -116,7 +84,7 @@ def _client(port: int, seen: Seen, stop: threading.Event, hang_up: bool) -> None
             return  # the server was killed (before that, a dead client fails the test)
 
 
-def _load_then_kill(server: Server, count: int) -> Seen:
+def _load_then_kill(server: ServeProcess, count: int) -> Seen:
     seen = Seen()
     stop = threading.Event()
     threads = [
@@ -129,8 +97,7 @@ def _load_then_kill(server: Server, count: int) -> Seen:
         assert time.monotonic() < deadline, "load did not get going"
         assert all(t.is_alive() for t in threads[1:]), f"a client failed: {seen.errors}"
         time.sleep(0.005)
-    server.proc.send_signal(signal.SIGKILL)
-    server.proc.wait(10)
+    server.kill()
     stop.set()
     for t in threads:
         t.join(10)
@@ -174,7 +141,7 @@ def _wait_for(predicate: Any, limit: float = 30) -> None:
 def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
     ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
     args = ("--billing-jsonl", str(ledger), "--billing-journal", str(journal))
-    seen = _load_then_kill(Server(*args), 100)
+    seen = _load_then_kill(_serve(*args), 100)
 
     def ledger_records() -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
@@ -185,11 +152,8 @@ def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
                     out.setdefault(record["response_id"], []).append(record)
         return out
 
-    restarted = Server(*args)
-    try:
+    with _serve(*args):
         _wait_for(lambda: seen.created <= set(ledger_records()))
-    finally:
-        restarted.stop()
     records = ledger_records()
     assert all(len(v) == 1 for v in records.values())  # the JSONL sink dedupes across restarts
     _check(seen, records)
@@ -241,27 +205,21 @@ def webhook() -> Iterator[Webhook]:
 def test_sigkill_during_a_webhook_outage_loses_no_record(tmp_path: Path, webhook: Webhook) -> None:
     journal = tmp_path / "billing.journal"
     args = ("--billing-webhook", webhook.url, "--billing-journal", str(journal))
-    seen = _load_then_kill(Server(*args), 100)
+    seen = _load_then_kill(_serve(*args), 100)
     assert webhook.failures > 0 and not webhook.received  # the outage was real
     with webhook.lock:
         webhook.failing = False
-    restarted = Server(*args)
-    try:
+    with _serve(*args):
         _wait_for(lambda: seen.created <= set(webhook.received))
-    finally:
-        restarted.stop()
     _check(seen, webhook.received)
 
 
 def test_a_second_server_on_the_same_journal_is_refused(tmp_path: Path) -> None:
     args = ("--billing-jsonl", str(tmp_path / "usage.jsonl"), "--billing-journal", str(tmp_path / "j"))
-    first = Server(*args)
-    try:
+    with _serve(*args):
         second = subprocess.run(
-            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(_free_port()), *args],
+            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(free_port()), *args],
             capture_output=True, text=True, timeout=30,
         )
         assert second.returncode == 2
         assert "in use by another process" in second.stderr
-    finally:
-        first.stop()

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +15,7 @@ import pytest
 from websockets.sync.client import connect
 
 from responses_cache import Biller, CallableSink, SimulatedConfig, SimulatedEngine, UsageRecord
+from responses_cache.testing import serve_in_process
 
 
 class GatedSink:
@@ -98,32 +96,12 @@ def test_disconnect_mid_stream_bills_partial_usage(responses_cache_server_factor
     assert 5 <= record.output_tokens < 400 and record.input_tokens > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.subprocess
 def test_sigterm_under_load_loses_no_record(tmp_path: Path) -> None:
-    port = _free_port()
     ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(port), "--instant",
-         "--billing-jsonl", str(ledger), "--billing-journal", str(journal)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    served = serve_in_process("--instant", "--billing-jsonl", str(ledger), "--billing-journal", str(journal))
+    server, port = served.proc, served.port
     try:
-        assert server.stdout is not None
-        server.stdout.readline()  # the "serving" line
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.05)
         seen: set[str] = set()
         lock = threading.Lock()
         stop = threading.Event()

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
-import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
+
+from responses_cache.testing import serve_in_process
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
 
@@ -43,32 +42,19 @@ def _rss(pid: int) -> int:
 
 @pytest.fixture  # one server per client: nothing left over from another test
 def server() -> Iterator[tuple[int, str]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_CACHE_")}  # the defaults
-    code = f"from responses_cache.cli import main; raise SystemExit(main(['serve', '--port', '{port}']))"
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served = serve_in_process(env=env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.05)
-        url = f"ws://127.0.0.1:{port}/v1/responses"
+        url = served.ws_url
         # Warm up what every process builds once (tokenizer tables, the token-length table).
         with connect(url, max_size=None) as ws:
             for frame in (_big_frame(0), _echo_frame(0, generate=False)):
                 ws.send(frame)
                 while json.loads(ws.recv(timeout=60))["type"] not in ("response.completed", "error"):
                     pass
-        yield proc.pid, url
+        yield served.proc.pid, url
     finally:
-        proc.kill()  # nothing to keep: no graceful drain of the connections that do not read
-        proc.wait(30)
+        served.kill()  # nothing to keep: no graceful drain of the connections that do not read
 
 
 def _big_frame(i: int) -> str:

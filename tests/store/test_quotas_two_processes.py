@@ -4,12 +4,8 @@ limited for the tenant as a whole, whichever process a request reaches."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +15,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from benchmarks.suite.server import stop_process
+from responses_cache.testing import serve_in_process
 
 ALICE, BOB, CAROL = "sk-alice", "sk-bob", "sk-carol"
 QUOTAS = {
@@ -29,43 +25,18 @@ QUOTAS = {
 }
 
 
-def _spawn(tmp: Path, name: str, store: str) -> tuple[int, subprocess.Popen[bytes], Path]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    env = {**os.environ, "RESPONSES_CACHE_QUOTAS": json.dumps(QUOTAS)}
-    log = tmp / f"{name}.log"
-    with log.open("wb") as err:  # a file, not a pipe: a chatty server never blocks on it
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(port), "--store", store,
-             "--api-key", ALICE, "--api-key", BOB, "--api-key", CAROL, "--instant"],
-            env=env, stdout=subprocess.DEVNULL, stderr=err,
-        )
-    return port, proc, log
-
-
-def _ready(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(CAROL), timeout=1).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise RuntimeError("serve did not start")
-
-
 @pytest.fixture
 def ports(tmp_path: Path, redis_url: str) -> Iterator[tuple[int, int]]:
-    started = [_spawn(tmp_path, name, redis_url) for name in ("a", "b")]  # both start at once
+    env = {**os.environ, "RESPONSES_CACHE_QUOTAS": json.dumps(QUOTAS)}
+    args = ("--store", redis_url, "--api-key", ALICE, "--api-key", BOB, "--api-key", CAROL, "--instant")
+    started = [serve_in_process(*args, env=env, log=tmp_path / f"{name}.log", wait=False) for name in ("a", "b")]
     try:
-        for port, proc, log in started:
-            _ready(port, proc, log)
-        yield started[0][0], started[1][0]
+        for server in started:  # both start at once
+            server.wait_ready()
+        yield started[0].port, started[1].port
     finally:
-        for _, proc, _ in started:
-            stop_process(proc, 15)
+        for server in started:
+            server.stop(15)
 
 
 def _auth(key: str) -> dict[str, str]:
