@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .app import ServerConfig
     from .billing import Biller
     from .input_rate import InputRateLimits
     from .metrics import Metrics
     from .quotas import QuotaConfig, RateLimiter
+    from .serving import ConnectionLimits
     from .settings import ServeSettings
     from .store import ResponseStore
     from .tracing import Tracer
@@ -26,65 +28,56 @@ def _serve(args: argparse.Namespace) -> int:
         print("responses-cache: serve needs the server extra: pip install 'responses-cache[server]'", file=sys.stderr)
         return 2
 
-    from .app import ServerConfig, create_app
-    from .backends import load_backend
-    from .serving import ConnectionLimits, uvicorn_config
-    from .session import SessionConfig
-    from .settings import SESSION_SETTINGS, SettingsError, load_settings
+    from .app import create_app
+    from .serving import uvicorn_config
+    from .settings import SettingsError, load_settings
 
     overrides = {name: getattr(args, name, None) for name in _OPTIONS}
     overrides["api_keys"] = args.api_key
     try:
         settings = load_settings(file=args.config, env=os.environ, overrides=overrides)
-    except SettingsError as exc:
-        print(f"responses-cache: {exc}", file=sys.stderr)
-        return 2
-    options: dict[str, object] = dict(settings.backend_options)
-    if settings.backend == "simulated":
-        options.setdefault("instant", settings.instant)
-    elif settings.instant:
-        print("responses-cache: --instant applies to the simulated backend only", file=sys.stderr)
-        return 2
-    try:
-        backend = load_backend(settings.backend, **options)
-        billing = _biller(settings)
-        store = _store(settings)
-        sealer = _sealer(settings.sealing_key)
-        quotas = _quotas(settings)
-        if settings.engine_slots is not None and settings.engine_slots < 1:
-            raise ValueError(f"engine_slots must be at least 1, not {settings.engine_slots}")
-        limiter = _rate_limiter(settings) if quotas is not None else None
-        input_rate = input_rate_limits(settings)
-    except (LookupError, TypeError, ValueError, ImportError, OSError) as exc:
+        config = server_config(settings)
+    except (SettingsError, LookupError, TypeError, ValueError, ImportError, OSError) as exc:
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
     if settings.log_json:
         from .logs import use_json_logs
 
         use_json_logs()  # INFO: the line per turn
-    metrics: Metrics | None = None
-    tracer: Tracer | None = None
-    if settings.prometheus:
-        from .metrics import PrometheusMetrics
+    app = create_app(config)
+    host, port = settings.host, settings.port
+    print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
+    server = uvicorn_config(
+        app, host=host, port=port, limits=connection_limits(settings), log_level=settings.log_level,
+        ws_max_size=settings.max_body_bytes,
+    )
+    uvicorn.Server(server).run()
+    return 0
 
-        metrics = PrometheusMetrics()
-    if settings.otel:
-        try:
-            from .otel import OpenTelemetryMetrics, OpenTelemetryTracer, configure_from_environment
 
-            configure_from_environment()
-        except ImportError as exc:
-            print(f"responses-cache: {exc}", file=sys.stderr)
-            return 2
-        from .metrics import MetricsTee
+def server_config(settings: ServeSettings) -> ServerConfig:
+    """The server the settings describe: its backend, billing, store, quotas and observability
+    built. Raises ``LookupError``, ``TypeError``, ``ValueError``, ``ImportError`` or ``OSError``
+    for a setting that cannot be used."""
+    from .app import ServerConfig
+    from .backends import load_backend
+    from .session import SessionConfig
+    from .settings import SESSION_SETTINGS
 
-        tracer = OpenTelemetryTracer()
-        metrics = MetricsTee(metrics, OpenTelemetryMetrics()) if metrics is not None else OpenTelemetryMetrics()
-    config = ServerConfig(
-        backend=backend,
+    options: dict[str, object] = dict(settings.backend_options)
+    if settings.backend == "simulated":
+        options.setdefault("instant", settings.instant)
+    elif settings.instant:
+        raise ValueError("--instant applies to the simulated backend only")
+    if settings.engine_slots is not None and settings.engine_slots < 1:
+        raise ValueError(f"engine_slots must be at least 1, not {settings.engine_slots}")
+    quotas = _quotas(settings)
+    metrics, tracer = _observability(settings)
+    return ServerConfig(
+        backend=load_backend(settings.backend, **options),
         api_keys=settings.api_keys or None,
         renderer=settings.renderer or None,
-        billing=billing,
+        billing=_biller(settings),
         metrics=metrics,
         tracer=tracer,
         session=SessionConfig(**{name: getattr(settings, name) for name in SESSION_SETTINGS}),
@@ -92,23 +85,47 @@ def _serve(args: argparse.Namespace) -> int:
         process_cache_bytes=settings.process_cache_bytes,
         hot_cache_bytes=settings.hot_cache_bytes,
         context_window=settings.context_window,
-        store=store,
+        store=_store(settings),
         own_store=True,
         process_input_bytes=settings.process_input_bytes,
         write_timeout_s=settings.write_timeout_s,
-        input_rate=input_rate,
+        input_rate=input_rate_limits(settings),
         outbound_bytes=settings.outbound_bytes,
         tool_cache_bytes=settings.tool_cache_bytes,
         partition_prefix_cache=settings.partition_prefix_cache,
         truncation_headroom=settings.truncation_headroom,
         compaction_ttl_s=settings.compaction_ttl_s,
         compaction_max_output_tokens=settings.compaction_max_output_tokens,
-        sealer=sealer,
+        sealer=_sealer(settings.sealing_key),
         quotas=quotas,
-        rate_limiter=limiter,
+        rate_limiter=_rate_limiter(settings) if quotas is not None else None,
         engine_slots=settings.engine_slots,
     )
-    limits = ConnectionLimits(
+
+
+def _observability(settings: ServeSettings) -> tuple[Metrics | None, Tracer | None]:
+    """Prometheus metrics (``prometheus``), and OpenTelemetry traces and metrics (``otel``:
+    the SDK configured from the ``OTEL_*`` environment) beside them."""
+    metrics: Metrics | None = None
+    if settings.prometheus:
+        from .metrics import PrometheusMetrics
+
+        metrics = PrometheusMetrics()
+    if not settings.otel:
+        return metrics, None
+    from .metrics import MetricsTee
+    from .otel import OpenTelemetryMetrics, OpenTelemetryTracer, configure_from_environment
+
+    configure_from_environment()
+    otel_metrics = OpenTelemetryMetrics()
+    return (MetricsTee(metrics, otel_metrics) if metrics is not None else otel_metrics), OpenTelemetryTracer()
+
+
+def connection_limits(settings: ServeSettings) -> ConnectionLimits:
+    """uvicorn's per-connection limits the settings give."""
+    from .serving import ConnectionLimits
+
+    return ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
         keep_alive_s=settings.keep_alive_s,
         max_connections=settings.max_connections,
@@ -116,14 +133,6 @@ def _serve(args: argparse.Namespace) -> int:
         ws_ping_timeout_s=settings.ws_ping_timeout_s,
         ws_linger_s=settings.write_timeout_s,
     )
-    app = create_app(config)
-    host, port = settings.host, settings.port
-    print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
-    server = uvicorn_config(
-        app, host=host, port=port, limits=limits, log_level=settings.log_level, ws_max_size=settings.max_body_bytes
-    )
-    uvicorn.Server(server).run()
-    return 0
 
 
 def input_rate_limits(settings: ServeSettings) -> InputRateLimits:
