@@ -121,180 +121,209 @@ def _cell(value: object) -> str:
 
 def render_text(results: dict[str, Any]) -> str:
     parts: list[str] = []
-    overhead = results.get("overhead")
-    if overhead:
-        rows = [
-            [
-                b["bucket"],
-                b["ws_n"],
-                b["http_full_first_p50_ms"],
-                b["http_prev_first_p50_ms"],
-                b["ws_first_p50_ms"],
-                b["full_over_ws"],
-                b["prev_over_ws"],
-                b["http_full_completed_p50_ms"],
-                b["ws_completed_p50_ms"],
-            ]
-            for b in overhead["summary"]["buckets"]
-        ]
-        parts.append(
-            "Overhead vs history (zero-latency engine; p50 ms to first event / to response.completed)"
-        )
-        parts.append(
-            table(
-                [
-                    "history",
-                    "n",
-                    "http_full",
-                    "http_prev",
-                    "ws",
-                    "full/ws",
-                    "prev/ws",
-                    "full done",
-                    "ws done",
-                ],
-                rows,
-            )
-        )
-        for transport, stages in overhead.get("server_stages_ms", {}).items():
-            parts.append(
-                f"  server stages, {transport} (mean ms): "
-                + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
-            )
-    rollout = results.get("rollout")
-    if rollout:
-        s = rollout["summary"]
-        o = rollout["options"]
-        parts.append(
-            f"\nAgent rollout ({o['tool_calls']} tool calls, {o['tool_output_tokens']} tokens/tool output, "
-            f"{o['tool_ms']:g} ms/tool, {o['output_tokens_per_s']:g} tok/s out, {o['prefill_tokens_per_s']:g} tok/s prefill; p50 of {o['repeats']})"
-        )
-        rows = [
-            [
-                m,
-                s[m]["wall_s_p50"],
-                s[m]["floor_s_p50"],
-                s[m]["over_floor_p50"] * 100,
-                s[m]["per_turn_overhead_ms_p50"],
-                s[m]["first_event_p50_ms"],
-            ]
-            for m in MODES
-            if m in s
-        ]
-        parts.append(
-            table(
-                [
-                    "mode",
-                    "wall s",
-                    "floor s",
-                    "over floor %",
-                    "ms/turn over floor",
-                    "first event ms",
-                ],
-                rows,
-            )
-        )
-        speedup = s.get("ws_speedup_vs_http_full")
-        if speedup is not None:
-            parts.append(
-                f"  WebSocket rollout is {speedup * 100:.1f}% faster than HTTP full resend end to end"
-            )
-        parts.append(
-            f"  same prompt tokens in every mode (context fidelity): {'yes' if s.get('prompts_match') else 'NO'}"
-        )
-    scale = results.get("scale")
-    if scale:
-        o = scale["options"]
-        fp = scale["after_build"]["footprint"]["bytes"]
-        tokens = max(scale["cached_tokens"], 1)
-        steady = scale["after_turns"]
-        parts.append(
-            f"\nScale ({o['connections']} WebSocket connections x {o['context_tokens']} tokens, {o['turns']} turns each)"
-        )
-        parts.append(
-            table(
-                [
-                    "conns",
-                    "errors",
-                    "build s",
-                    "turns/s",
-                    "turn p50 ms",
-                    "turn p99 ms",
-                    "cached tokens",
-                    "RSS B/tok",
-                    "objects B/tok",
-                ],
-                [
-                    [
-                        scale["connections"],
-                        scale["errors"],
-                        scale["build_s"],
-                        scale["turns_per_s"],
-                        scale["turn_p50_ms"],
-                        scale["turn_p99_ms"],
-                        scale["cached_tokens"],
-                        scale["rss_bytes_per_token"],
-                        scale["object_bytes_per_token"],
-                    ]
-                ],
-            )
-        )
-        parts.append(
-            "  cache objects by kind after build (B/token): "
-            + ", ".join(f"{k} {v / tokens:.2f}" for k, v in fp.items())
-        )
-        parts.append(
-            f"  after the turns: RSS {steady['rss_bytes_per_token']:.2f} B/token, objects "
-            f"{steady['object_bytes_per_token']:.2f} B/token ({steady['cached_tokens']} tokens)"
-        )
-        for label, key in (("after build", "after_build"), ("after turns", "after_turns")):
-            sites = scale[key].get("tracemalloc")
-            if sites:
-                parts.append(f"  top allocation sites since the mark, {label}:")
-                parts.extend(
-                    f"    {s['bytes'] / tokens:7.2f} B/token  {s['count']:>7}  {s['site']}"
-                    for s in sites[:8]
-                )
-    tiers = results.get("tiers")
-    if tiers:
-        same, many = tiers["same_process"], tiers["many_processes"]
-        parts.append(
-            f"\nState tiers (one process: history >= {tiers['options']['target_tokens']} tokens; "
-            f"many processes over one Redis: {many['history_tokens']} tokens)"
-        )
-        parts.append(
-            table(
-                ["where the state is", "n", "first p50 ms", "first p90 ms", "completed p50 ms"],
-                [
-                    [label, row["n"], row["first_p50_ms"], row["first_p90_ms"], row["completed_p50_ms"]]
-                    for label, row in (
-                        ("one process: WebSocket", same["ws"]),
-                        ("one process: HTTP previous_response_id (lean client)", same["http_prev_lean"]),
-                        ("one process: HTTP previous_response_id (httpx)", same["http_prev"]),
-                        ("Redis: same connection", many["connection"]),
-                        ("Redis: hot cache (HTTP, same process)", many["hot"]),
-                        ("Redis: other process, snapshot", many["snapshot"]),
-                        ("Redis: other process, full render", many["full"]),
-                    )
-                ],
-            )
-        )
-        parts.append(
-            f"  HTTP previous_response_id / WebSocket: {same['http_prev_lean_over_ws']:.2f}x to the first event, "
-            f"{same['http_prev_lean_over_ws_completed']:.2f}x to completed (httpx client: "
-            f"{same['http_prev_over_ws']:.2f}x, {same['http_prev_over_ws_completed']:.2f}x); "
-            f"full render / snapshot after a reconnect: {many['full_over_snapshot']:.2f}x"
-        )
-    checks = results.get("targets")
-    if checks:
-        parts.append("\nTargets")
-        parts.append(
-            table(
-                ["target", "measured", "unit", "met"],
-                [[t["target"], t["measured"], t["unit"], t["met"]] for t in checks],
-            )
-        )
+    for key, section in (
+        ("overhead", _overhead_section),
+        ("rollout", _rollout_section),
+        ("scale", _scale_section),
+        ("tiers", _tiers_section),
+        ("targets", _targets_section),
+    ):
+        if results.get(key):
+            parts.extend(section(results[key]))
     return "\n".join(parts)
+
+
+def _overhead_section(overhead: dict[str, Any]) -> list[str]:
+    """Time to first event and to completion by history size, per transport."""
+    parts: list[str] = []
+    rows = [
+        [
+            b["bucket"],
+            b["ws_n"],
+            b["http_full_first_p50_ms"],
+            b["http_prev_first_p50_ms"],
+            b["ws_first_p50_ms"],
+            b["full_over_ws"],
+            b["prev_over_ws"],
+            b["http_full_completed_p50_ms"],
+            b["ws_completed_p50_ms"],
+        ]
+        for b in overhead["summary"]["buckets"]
+    ]
+    parts.append(
+        "Overhead vs history (zero-latency engine; p50 ms to first event / to response.completed)"
+    )
+    parts.append(
+        table(
+            [
+                "history",
+                "n",
+                "http_full",
+                "http_prev",
+                "ws",
+                "full/ws",
+                "prev/ws",
+                "full done",
+                "ws done",
+            ],
+            rows,
+        )
+    )
+    for transport, stages in overhead.get("server_stages_ms", {}).items():
+        parts.append(
+            f"  server stages, {transport} (mean ms): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
+        )
+    return parts
+
+
+def _rollout_section(rollout: dict[str, Any]) -> list[str]:
+    """An agent rollout's wall time per mode, against the engine's floor."""
+    parts: list[str] = []
+    s = rollout["summary"]
+    o = rollout["options"]
+    parts.append(
+        f"\nAgent rollout ({o['tool_calls']} tool calls, {o['tool_output_tokens']} tokens/tool output, "
+        f"{o['tool_ms']:g} ms/tool, {o['output_tokens_per_s']:g} tok/s out, {o['prefill_tokens_per_s']:g} tok/s prefill; p50 of {o['repeats']})"
+    )
+    rows = [
+        [
+            m,
+            s[m]["wall_s_p50"],
+            s[m]["floor_s_p50"],
+            s[m]["over_floor_p50"] * 100,
+            s[m]["per_turn_overhead_ms_p50"],
+            s[m]["first_event_p50_ms"],
+        ]
+        for m in MODES
+        if m in s
+    ]
+    parts.append(
+        table(
+            [
+                "mode",
+                "wall s",
+                "floor s",
+                "over floor %",
+                "ms/turn over floor",
+                "first event ms",
+            ],
+            rows,
+        )
+    )
+    speedup = s.get("ws_speedup_vs_http_full")
+    if speedup is not None:
+        parts.append(
+            f"  WebSocket rollout is {speedup * 100:.1f}% faster than HTTP full resend end to end"
+        )
+    parts.append(
+        f"  same prompt tokens in every mode (context fidelity): {'yes' if s.get('prompts_match') else 'NO'}"
+    )
+    return parts
+
+
+def _scale_section(scale: dict[str, Any]) -> list[str]:
+    """Many connections with long histories: throughput, latency and bytes per cached token."""
+    parts: list[str] = []
+    o = scale["options"]
+    fp = scale["after_build"]["footprint"]["bytes"]
+    tokens = max(scale["cached_tokens"], 1)
+    steady = scale["after_turns"]
+    parts.append(
+        f"\nScale ({o['connections']} WebSocket connections x {o['context_tokens']} tokens, {o['turns']} turns each)"
+    )
+    parts.append(
+        table(
+            [
+                "conns",
+                "errors",
+                "build s",
+                "turns/s",
+                "turn p50 ms",
+                "turn p99 ms",
+                "cached tokens",
+                "RSS B/tok",
+                "objects B/tok",
+            ],
+            [
+                [
+                    scale["connections"],
+                    scale["errors"],
+                    scale["build_s"],
+                    scale["turns_per_s"],
+                    scale["turn_p50_ms"],
+                    scale["turn_p99_ms"],
+                    scale["cached_tokens"],
+                    scale["rss_bytes_per_token"],
+                    scale["object_bytes_per_token"],
+                ]
+            ],
+        )
+    )
+    parts.append(
+        "  cache objects by kind after build (B/token): "
+        + ", ".join(f"{k} {v / tokens:.2f}" for k, v in fp.items())
+    )
+    parts.append(
+        f"  after the turns: RSS {steady['rss_bytes_per_token']:.2f} B/token, objects "
+        f"{steady['object_bytes_per_token']:.2f} B/token ({steady['cached_tokens']} tokens)"
+    )
+    for label, key in (("after build", "after_build"), ("after turns", "after_turns")):
+        sites = scale[key].get("tracemalloc")
+        if sites:
+            parts.append(f"  top allocation sites since the mark, {label}:")
+            parts.extend(
+                f"    {s['bytes'] / tokens:7.2f} B/token  {s['count']:>7}  {s['site']}"
+                for s in sites[:8]
+            )
+    return parts
+
+
+def _tiers_section(tiers: dict[str, Any]) -> list[str]:
+    """Time to first event by where a turn's parent state was found."""
+    parts: list[str] = []
+    same, many = tiers["same_process"], tiers["many_processes"]
+    parts.append(
+        f"\nState tiers (one process: history >= {tiers['options']['target_tokens']} tokens; "
+        f"many processes over one Redis: {many['history_tokens']} tokens)"
+    )
+    parts.append(
+        table(
+            ["where the state is", "n", "first p50 ms", "first p90 ms", "completed p50 ms"],
+            [
+                [label, row["n"], row["first_p50_ms"], row["first_p90_ms"], row["completed_p50_ms"]]
+                for label, row in (
+                    ("one process: WebSocket", same["ws"]),
+                    ("one process: HTTP previous_response_id (lean client)", same["http_prev_lean"]),
+                    ("one process: HTTP previous_response_id (httpx)", same["http_prev"]),
+                    ("Redis: same connection", many["connection"]),
+                    ("Redis: hot cache (HTTP, same process)", many["hot"]),
+                    ("Redis: other process, snapshot", many["snapshot"]),
+                    ("Redis: other process, full render", many["full"]),
+                )
+            ],
+        )
+    )
+    parts.append(
+        f"  HTTP previous_response_id / WebSocket: {same['http_prev_lean_over_ws']:.2f}x to the first event, "
+        f"{same['http_prev_lean_over_ws_completed']:.2f}x to completed (httpx client: "
+        f"{same['http_prev_over_ws']:.2f}x, {same['http_prev_over_ws_completed']:.2f}x); "
+        f"full render / snapshot after a reconnect: {many['full_over_snapshot']:.2f}x"
+    )
+    return parts
+
+
+def _targets_section(checks: list[dict[str, Any]]) -> list[str]:
+    """Each target, what was measured, and whether it was met."""
+    parts: list[str] = []
+    parts.append("\nTargets")
+    parts.append(
+        table(
+            ["target", "measured", "unit", "met"],
+            [[t["target"], t["measured"], t["unit"], t["met"]] for t in checks],
+        )
+    )
+    return parts
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:
