@@ -70,6 +70,17 @@ class Dialect(Protocol):
     def reader(self) -> Reader: ...
 
 
+def _scheduled(p: Params, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the request's prefix-cache salt and priority (the same fields in vLLM and
+    SGLang), then the caller's extra fields over everything."""
+    if p.cache_salt is not None:
+        body["cache_salt"] = p.cache_salt
+    if p.priority is not None:
+        body["priority"] = p.priority
+    body.update(p.extra)
+    return body
+
+
 def _sampling(p: Params, body: dict[str, Any]) -> None:
     if p.temperature is not None:
         body["temperature"] = p.temperature
@@ -135,12 +146,7 @@ class VllmGenerate:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if p.cache_salt is not None:
-            body["cache_salt"] = p.cache_salt
-        if p.priority is not None:
-            body["priority"] = p.priority
-        body.update(p.extra)
-        return body
+        return _scheduled(p, body)
 
     def reader(self) -> Reader:
         return _GenerateReader()
@@ -177,13 +183,8 @@ class VllmCompletions:
             body["max_tokens"] = p.max_tokens
         if p.return_token_ids:
             body["return_token_ids"] = True  # the sampled ids, kept as the assistant turn
-        if p.cache_salt is not None:
-            body["cache_salt"] = p.cache_salt
-        if p.priority is not None:
-            body["priority"] = p.priority
         _sampling(p, body)
-        body.update(p.extra)
-        return body
+        return _scheduled(p, body)
 
     def reader(self) -> Reader:
         return _ChoicesReader("stop_reason")
@@ -210,12 +211,7 @@ class SglangGenerate:
             "sampling_params": sampling,
             "stream": True,
         }
-        if p.cache_salt is not None:
-            body["cache_salt"] = p.cache_salt
-        if p.priority is not None:
-            body["priority"] = p.priority
-        body.update(p.extra)
-        return body
+        return _scheduled(p, body)
 
     def reader(self) -> Reader:
         return _SglangFrames()
