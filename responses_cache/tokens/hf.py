@@ -65,6 +65,7 @@ Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from array import array
 from collections.abc import Collection, Mapping, Sequence
@@ -86,6 +87,7 @@ from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
 from .hf_messages import chat_messages, chat_tools, qualified, template_view
+from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 
 if TYPE_CHECKING:
@@ -183,19 +185,6 @@ class _Piece:
     window: tuple[int, int] | None = None
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character each byte is written as in ``tokenizer.json``."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
@@ -209,7 +198,7 @@ def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], adde
 
     model = json.loads(files.tokenizer_json).get("model") or {}
     byte_level = '"ByteLevel"' in files.tokenizer_json
-    table = _byte_decoder()
+    table = byte_decoder()
     ranks: dict[bytes, int] = {}
     for token, index in sorted(vocab.items(), key=lambda kv: kv[1]):
         if token in added:
@@ -257,7 +246,10 @@ class HFRenderer:
     ``date_string="26 Jul 2024"``…), part of the renderer's key. ``chat_template``: a template to
     use instead of the model's (a ``.jinja`` path or the text). ``parser``: the output format
     (``hermes``, ``llama3``, ``deepseek``, ``mistral``, ``plain``), detected from the template when
-    left out.
+    left out. ``fast_encode``: encode template text with a tiktoken encoder built from the model's
+    ``tokenizer.json`` where it provably gives ``tokenizers``' ids (:mod:`.hf_tiktoken`; refused
+    shapes and unverifiable text use ``tokenizers``); ``None`` (default) takes it unless the
+    environment sets ``RESPONSES_CACHE_HF_FAST=0``. :attr:`fast_refusal` says why it is off.
     """
 
     template = "hf"
@@ -271,6 +263,7 @@ class HFRenderer:
         chat_template: str | None = None,
         parser: str | None = None,
         window: int | None = 8,
+        fast_encode: bool | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be a positive number of items or None, not {window}")
@@ -293,6 +286,17 @@ class HFRenderer:
         added_pattern = _literals_pattern(self._added)
         self._added_re = re.compile(added_pattern)
         self._added_end_re = re.compile(f"(?:{added_pattern})$")
+        if fast_encode is None:
+            fast_encode = os.environ.get("RESPONSES_CACHE_HF_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
+        self._fast: FastEncoder | None = None
+        #: Why template text is encoded with ``tokenizers`` alone (None: the fast path is on).
+        self.fast_refusal: str | None = "disabled" if not fast_encode else None
+        if fast_encode:
+            built = fast_encoder(files.tokenizer_json, self._tok, self._added_re)
+            if isinstance(built, Refused):
+                self.fast_refusal = str(built)
+            else:
+                self._fast = built
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
@@ -450,8 +454,17 @@ class HFRenderer:
             raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=0, param="type") from None
 
     def _encode(self, text: str) -> list[int]:
+        """Template text's ids (added tokens recognised): the verified tiktoken encoder when it
+        vouches for them, else ``tokenizers``."""
+        if self._fast is not None:
+            fast = self._fast.encode(text)
+            if fast is not None:
+                self._stats.fast_encodes += 1
+                self._stats.tokens_encoded += len(fast)
+                return fast
         # ``encode_batch_fast``: the same ids as ``encode``, without computing character offsets.
         ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        self._stats.slow_encodes += 1
         self._stats.tokens_encoded += len(ids)
         return ids
 
