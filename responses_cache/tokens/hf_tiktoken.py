@@ -56,6 +56,7 @@ cost about a second per 100k-token vocabulary; their verdict is cached on disk b
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -106,7 +107,11 @@ class Refused(Exception):
 
 def byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet: the character each byte is written as in ``tokenizer.json``."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = printable[:]
     n = 0
     for b in range(256):
@@ -162,7 +167,11 @@ def _pattern(pre: Any) -> str:
         return GPT2_PATTERN
     if isinstance(pre, dict) and pre.get("type") == "Sequence":
         steps = pre.get("pretokenizers") or []
-        if len(steps) == 4 and byte_level(steps[3], False) and [_split_regex(s) for s in steps[:3]] == list(_DEEPSEEK_STEPS):
+        if (
+            len(steps) == 4
+            and byte_level(steps[3], False)
+            and [_split_regex(s) for s in steps[:3]] == list(_DEEPSEEK_STEPS)
+        ):
             return DEEPSEEK_PATTERN
         if len(steps) == 1 and byte_level(steps[0], True):
             return GPT2_PATTERN
@@ -178,7 +187,11 @@ def _split_regex(step: Any) -> str | None:
     if not isinstance(step, dict) or step.get("type") != "Split":
         return None
     regex = (step.get("pattern") or {}).get("Regex")
-    if step.get("behavior") != "Isolated" or step.get("invert", False) or not isinstance(regex, str):
+    if (
+        step.get("behavior") != "Isolated"
+        or step.get("invert", False)
+        or not isinstance(regex, str)
+    ):
         return None
     return regex
 
@@ -203,7 +216,7 @@ def _prefix_free(words: list[str]) -> bool:
     """No word is a proper prefix of another: at any position at most one matches, so a
     leftmost-first scan (tiktoken's, in any order) finds what a leftmost-longest one does."""
     ordered = sorted(words)
-    return not any(b.startswith(a) for a, b in zip(ordered, ordered[1:], strict=False))
+    return not any(b.startswith(a) for a, b in itertools.pairwise(ordered))
 
 
 def _never_across(raw: list[str], normalized: list[str]) -> bool:
@@ -267,26 +280,30 @@ def plan(spec: dict[str, Any]) -> Plan:
         merged[t] = vocab[t]
         order.append(t)
     for token in vocab:
-        if len(token) > 1 and token not in merged and token not in added_ids:
-            if model.get("ignore_merges"):
-                raise Refused(f"token {token!r} has no merge and ignore_merges is on")
+        if (
+            len(token) > 1
+            and token not in merged
+            and token not in added_ids
+            and model.get("ignore_merges")
+        ):
+            raise Refused(f"token {token!r} has no merge and ignore_merges is on")
     try:
         as_bytes = {t: bytes(table[c] for c in t) for t in order}
     except KeyError:
         raise Refused("a merged token outside the byte-level alphabet") from None
     ids = [merged[t] for t in order]
-    if all(x < y for x, y in zip(ids, ids[1:], strict=False)):
+    if all(x < y for x, y in itertools.pairwise(ids)):
         # Model ids already follow merge priority: use them as tiktoken ids (a single byte's rank
         # only needs to be unique, merges compare ranks of two-piece concatenations).
         ranks = {bytes([table[ch]]): int(i) for ch, i in singles.items() if i is not None}
         ranks.update({as_bytes[t]: merged[t] for t in order})
         specials = dict(added_ids)
         return Plan(pattern, nfc, ranks, specials, None, merged)
-    ranks = {bytes([b]): b for b in range(256)}
+    ranks = {bytes([byte]): byte for byte in range(256)}
     ranks.update({as_bytes[t]: 256 + k for k, t in enumerate(order)})
     to_model = [0] * (256 + len(order))
-    for ch, b in table.items():
-        to_model[b] = int(singles[ch])  # type: ignore[arg-type]
+    for ch, byte in table.items():
+        to_model[byte] = int(vocab[ch])
     for k, t in enumerate(order):
         to_model[256 + k] = merged[t]
     specials = {}
@@ -302,14 +319,19 @@ def verify_merges(spec: dict[str, Any], merged: dict[str, int]) -> None:
     from tokenizers import Tokenizer
 
     model = dict(spec["model"], ignore_merges=False, dropout=None)
-    bare = {
+    bare: dict[str, Any] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [],
         "normalizer": None,
         # One encode call for all of them: "\n" is not a byte-level character.
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Removed", "invert": False},
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"String": "\n"},
+            "behavior": "Removed",
+            "invert": False,
+        },
         "post_processor": None,
         "decoder": None,
         "model": model,
@@ -333,7 +355,13 @@ def _probe_texts(added: list[str]) -> list[str]:
         spaces,
         *(f"a{s}b {s}{s}c{s}" for s in spaces),
         *(f"x{s}\n" for s in spaces),
-        "\r\n\r\n  x\r\n", "  \n\n\t\tfoo  \n", "trailing   ", "   leading", "a  \n  b", "\n\n\n", " \u00a0 \u00a0x",
+        "\r\n\r\n  x\r\n",
+        "  \n\n\t\tfoo  \n",
+        "trailing   ",
+        "   leading",
+        "a  \n  b",
+        "\n\n\n",
+        " \u00a0 \u00a0x",
         "0123456789 12345678901234567890 3.14159 1,000,000 -42 +7e-3",
         "١٢٣٤٥٦٧٨٩٠ ०१२३४५ ১২৩ ๑๒๓ １２３ ²³¹ ¼½ Ⅻⅻ ① 〇一二三 𝟙𝟚𝟛",
         "日本語のテキスト、句読点。 中文文本，标点。 한국어 텍스트 カタカナ・ひらがな゛゜ゝ abc日本123語",
@@ -354,7 +382,13 @@ def _probe_texts(added: list[str]) -> list[str]:
     for start in range(0x20, 0x10000, 256):
         if 0x3400 <= start < 0x9F00 or 0xD800 <= start < 0xF900:
             continue
-        lines.append("".join(f" {c}a{c}1" for c in map(chr, range(start, start + 256)) if not 0xD800 <= ord(c) < 0xF900))
+        lines.append(
+            "".join(
+                f" {c}a{c}1"
+                for c in map(chr, range(start, start + 256))
+                if not 0xD800 <= ord(c) < 0xF900
+            )
+        )
     return lines
 
 
@@ -410,7 +444,9 @@ def _verdict_key(tokenizer_json: str) -> str:
     import tokenizers
 
     h = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass"))
-    h.update(f"\x00{_CHECKS_VERSION}\x00{tokenizers.__version__}\x00{tiktoken.__version__}".encode())
+    h.update(
+        f"\x00{_CHECKS_VERSION}\x00{tokenizers.__version__}\x00{tiktoken.__version__}".encode()
+    )
     return h.hexdigest()
 
 
@@ -419,7 +455,7 @@ def fast_encoder(
     tokenizer: Tokenizer,
     added_re: re.Pattern[str],
     *,
-    cache_dir: Path | None | bool = True,
+    cache_dir: Path | bool | None = True,
 ) -> FastEncoder | Refused:
     """A verified :class:`FastEncoder` for ``tokenizer_json`` (whose ``tokenizers`` tokenizer,
     added tokens recognised, is ``tokenizer``), or the :class:`Refused` saying why not.
@@ -442,7 +478,11 @@ def fast_encoder(
         return Refused(f"not mapped: {exc}")
     encoder = FastEncoder(encoding, p.to_model, p.nfc, added_re)
     root = _cache_root() if cache_dir is True else (cache_dir or None)
-    path = root / "hf-tiktoken" / f"{_verdict_key(tokenizer_json)}.json" if isinstance(root, Path) else None
+    path = (
+        root / "hf-tiktoken" / f"{_verdict_key(tokenizer_json)}.json"
+        if isinstance(root, Path)
+        else None
+    )
     if path is not None:
         try:
             cached = json.loads(path.read_text())
