@@ -241,8 +241,10 @@ def added_tokens_agree(raw: list[str], normalized: list[str]) -> bool:
     return _prefix_free(raw + normalized) and _never_across(raw, normalized)
 
 
-def plan(spec: dict[str, Any]) -> Plan:
-    """Map a parsed ``tokenizer.json`` to tiktoken's ranks and pattern (Refused when it cannot)."""
+def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None) -> Plan:
+    """Map a parsed ``tokenizer.json`` to tiktoken's ranks and pattern (Refused when it cannot).
+    ``added_ids``: the added tokens' ids as the loaded ``tokenizers`` tokenizer has them (it may
+    number them otherwise than the file; default: the file's)."""
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         raise Refused(f"model type {model.get('type')!r}, not BPE")
@@ -258,7 +260,8 @@ def plan(spec: dict[str, Any]) -> Plan:
                 raise Refused(f"added token {tok.get('content')!r} with {flag}")
         if tok.get("normalized") and nfc:
             raise Refused(f"added token {tok.get('content')!r} matched after the normalizer")
-    added_ids = {str(t["content"]): int(t["id"]) for t in added if t.get("content")}
+    if added_ids is None:
+        added_ids = {str(t["content"]): int(t["id"]) for t in added if t.get("content")}
     raw = [str(t["content"]) for t in added if t.get("content") and not t.get("normalized")]
     if not added_tokens_agree(raw, [t for t in added_ids if t not in raw]):
         raise Refused("added tokens that a leftmost-first scan may find differently")
@@ -465,7 +468,7 @@ def fast_encoder(
     ``hf-tiktoken/``; ``None``/``False``: not cached, checked every time)."""
     try:
         spec = json.loads(tokenizer_json)
-        p = plan(spec)
+        p = plan(spec, {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()})
         encoding = tiktoken.Encoding(
             f"hf-fast-{hashlib.blake2b(tokenizer_json.encode('utf-8', 'surrogatepass'), digest_size=8).hexdigest()}",
             pat_str=p.pattern,
