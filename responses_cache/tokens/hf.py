@@ -68,7 +68,8 @@ import hashlib
 import os
 import re
 from array import array
-from collections.abc import Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -86,7 +87,7 @@ from ..protocol.tools import ToolSet
 from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
-from .hf_messages import chat_messages, chat_tools, qualified, template_view
+from .hf_messages import chat_messages, chat_tools, parse_arguments, qualified, template_view
 from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 
@@ -108,6 +109,8 @@ _END_TOKENS = (
 )
 #: Windows of the old text searched for its last added token (then all of it).
 _WINDOWS = (2048, 65536)
+#: Parsed call arguments kept per renderer (by their text).
+_PARSED = 4096
 #: A window is reused while it holds at most this many times the old items a new one would.
 _REUSE = 2
 
@@ -302,6 +305,7 @@ class HFRenderer:
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
         #: Short texts from an added token to the end of a turn (``<|im_end|>\n``…) -> their ids.
         self._tail_cache: dict[str, list[int]] = {}
+        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()
         options = repr((history, sorted(self.template_kwargs.items()), files.digest))
         self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
         label = files.path.name or "model"
@@ -430,7 +434,25 @@ class HFRenderer:
         """The request's tools as the template (and an engine's chat endpoint) sees them."""
         return chat_tools(tools)
 
+    def _messages(
+        self, instructions: str | None, items: Sequence[Item], *, first_new: int = 0, calls: Callable[[str], str | None] | None = None
+    ) -> list[dict[str, Any]]:
+        return chat_messages(instructions, items, first_new=first_new, calls=calls, arguments=self._arguments)
+
+    def _arguments(self, text: str) -> dict[str, Any]:
+        """A function call's arguments as the template sees them, parsed once per text and frozen
+        for the template's ``tojson`` (:class:`~.hf_files.FrozenJSON`): nothing changes them."""
+        found = self._parsed.get(text)
+        if found is None:
+            found = self._parsed[text] = parse_arguments(text)
+            if len(self._parsed) > _PARSED:
+                self._parsed.popitem(last=False)
+        self._template.json.freeze(found)
+        return found
+
     def _variables(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        if tools:  # the header's tool definitions: built once, never changed
+            self._template.json.freeze(tools, deep=True)
         return {**self._template_tokens, **self.template_kwargs, "messages": template_view(messages), "tools": tools, "documents": None}
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
@@ -535,7 +557,7 @@ class HFRenderer:
         """A log holding the header: the template's text for the instructions and tools alone
         (empty when the template cannot render them without messages)."""
         header = _Header(instructions or None, chat_tools(tools))
-        messages = chat_messages(header.instructions, [])
+        messages = self._messages(header.instructions, [])
         piece = _Piece(None, "", header)
         seg = array("I")
         try:
@@ -561,7 +583,7 @@ class HFRenderer:
             chain = self._chain(log._node)
             header = self._piece(chain[0]).header
             assert header is not None
-            messages = chat_messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
+            messages = self._messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
             return array("I", self._encode(self._render(messages, header.tools, True)))
         out = log.tokens()
         out.extend(piece.gen)
@@ -607,7 +629,7 @@ class HFRenderer:
         old_items: list[Item] = [p.item for p in pieces[1:]]  # type: ignore[misc]
         old_text = "".join(p.text for p in pieces)
         all_items = [*old_items, *items]
-        messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
+        messages = self._messages(header.instructions, all_items, first_new=len(old_items))
         text, prompt_text = self._render_pair(messages, header.tools)
         self._stats.full_renders += 1
         if text.startswith(old_text):
@@ -725,7 +747,7 @@ class HFRenderer:
         def lookup(call_id: str) -> str | None:
             return find_call(node, call_id)
 
-        new_messages = chat_messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
+        new_messages = self._messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
         try:
             old_tail, whole = "", False
             if reused is not None and tip.window is not None:
@@ -733,7 +755,7 @@ class HFRenderer:
                 before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
                 assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
             else:
-                before = self._render(chat_messages(header.instructions, window, calls=lookup), header.tools, False)
+                before = self._render(self._messages(header.instructions, window, calls=lookup), header.tools, False)
             after, prompt_text = self._render_pair(new_messages, header.tools)
         except RenderError:
             return None  # e.g. a template checking alternation by position: render all
@@ -826,7 +848,7 @@ class HFRenderer:
             if isinstance(item, Message) and item.role == "user":
                 break
         try:
-            text = self._render(chat_messages(header.instructions, found), header.tools, False)
+            text = self._render(self._messages(header.instructions, found), header.tools, False)
         except RenderError:
             return None, ""
         return tuple(found), text
