@@ -69,7 +69,7 @@ import os
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -88,7 +88,7 @@ from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
 from .hf_messages import chat_messages, chat_tools, parse_arguments, qualified, template_view
-from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder
+from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder, literals_pattern
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 
 if TYPE_CHECKING:
@@ -113,28 +113,6 @@ _WINDOWS = (2048, 65536)
 _PARSED = 4096
 #: A window is reused while it holds at most this many times the old items a new one would.
 _REUSE = 2
-
-
-def _literals_pattern(words: Collection[str]) -> str:
-    """A regular expression matching the longest of ``words`` that starts at a position (what an
-    alternation of the words, longest first, matches), written as a trie so that ``re`` tries
-    only the words that share the text's next character: a model's hundreds of added tokens cost
-    one branch per character, not one comparison per token."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def pattern(node: dict[str, Any]) -> str:
-        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
-        if not branches:
-            return ""
-        body = "(?:" + "|".join(branches) + ")"
-        return body + "?" if "" in node else body  # greedy: the longer word first
-
-    return pattern(trie) or "(?!)"
 
 
 def _starts_group(item: Item | None, before: object) -> bool:
@@ -286,7 +264,7 @@ class HFRenderer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         decoder = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in decoder.items()}
-        added_pattern = _literals_pattern(self._added)
+        added_pattern = literals_pattern(self._added)
         self._added_re = re.compile(added_pattern)
         self._added_end_re = re.compile(f"(?:{added_pattern})$")
         if fast_encode is None:
@@ -295,7 +273,7 @@ class HFRenderer:
         #: Why template text is encoded with ``tokenizers`` alone (None: the fast path is on).
         self.fast_refusal: str | None = "disabled" if not fast_encode else None
         if fast_encode:
-            built = fast_encoder(files.tokenizer_json, self._tok, self._added_re)
+            built = fast_encoder(files.tokenizer_json, self._tok)
             if isinstance(built, Refused):
                 self.fast_refusal = str(built)
             else:

@@ -30,13 +30,14 @@ word that is itself a ranked token comes out whole either way (tiktoken's shortc
 ``ignore_merges`` is off (``tokenizers`` never produces them); with it on they are refused.
 
 **Added tokens**: ``tokenizers`` splits them out before anything else (leftmost-longest; the
-``normalized`` ones in a second pass), tiktoken finds them as special tokens (leftmost-first, in
-no set order). Accepted only when no added token is a prefix of another and, if both kinds are
-present, no occurrence of one kind can intersect one of the other (:func:`added_tokens_agree`);
+``normalized`` ones in a second pass in what is left); here one leftmost-longest scan finds them
+all (a trie-shaped pattern, :func:`literals_pattern`; not tiktoken's special-token scan, which
+is leftmost-first and slow with DeepSeek's thousand), and tiktoken encodes the text between them.
+Accepted when no normalized occurrence can reach into a raw one (:func:`added_tokens_agree`),
 with no ``lstrip``/``rstrip``/``single_word``, and ``normalized`` ones only without a normalizer.
 
 **Normalizer**: none, or NFC. With NFC, text between added tokens that is not already NFC goes to
-``tokenizers`` (``unicodedata.is_normalized``, per piece).
+``tokenizers`` (``unicodedata.is_normalized``, per piece; the normalizer runs on those pieces).
 
 **Pre-tokenizer**: ``Split(regex, "Isolated")`` then ``ByteLevel(use_regex=false)``, or
 ``ByteLevel(use_regex=true)`` (GPT-2's pattern), without ``add_prefix_space``: the regex becomes
@@ -61,6 +62,7 @@ import json
 import os
 import re
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,7 +100,29 @@ DEEPSEEK_PATTERN = (
     r"|\s+"
 )
 #: Bumped when the checks change: part of the cached verdict's key.
-_CHECKS_VERSION = 1
+_CHECKS_VERSION = 2
+
+
+def literals_pattern(words: Collection[str]) -> str:
+    """A regular expression matching the longest of ``words`` that starts at a position (what an
+    alternation of the words, longest first, matches), written as a trie so that ``re`` tries
+    only the words that share the text's next character: a model's hundreds of added tokens cost
+    one branch per character, not one comparison per token."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = "(?:" + "|".join(branches) + ")"
+        return body + "?" if "" in node else body  # greedy: the longer word first
+
+    return pattern(trie) or "(?!)"
 
 
 class Refused(Exception):
@@ -212,13 +236,6 @@ def _nfc(normalizer: Any) -> bool:
     raise Refused(f"normalizer not mapped: {json.dumps(normalizer)[:200]}")
 
 
-def _prefix_free(words: list[str]) -> bool:
-    """No word is a proper prefix of another: at any position at most one matches, so a
-    leftmost-first scan (tiktoken's, in any order) finds what a leftmost-longest one does."""
-    ordered = sorted(words)
-    return not any(b.startswith(a) for a, b in itertools.pairwise(ordered))
-
-
 def _never_across(raw: list[str], normalized: list[str]) -> bool:
     """No occurrence of a ``normalized`` token can start at or before a ``raw`` one's and reach
     into it: no raw token is inside a normalized one, and no proper suffix of a normalized token
@@ -230,15 +247,15 @@ def _never_across(raw: list[str], normalized: list[str]) -> bool:
 
 
 def added_tokens_agree(raw: list[str], normalized: list[str]) -> bool:
-    """Whether tiktoken finds the added tokens ``tokenizers`` does. ``tokenizers`` splits the
-    ``normalized=false`` ones out first (leftmost-longest), then the others in what is left;
-    tiktoken finds all of them in one leftmost-first scan. They agree when the tokens are
-    prefix-free (one match per position, whichever the scan prefers) and no normalized
-    occurrence can reach into a raw one from its left or around it: then skipping a normalized
-    match never skips the start of a raw occurrence, so the one scan picks the raw occurrences
-    the first pass does, and its normalized matches lie in the first pass's gaps, found there
-    from the gap's start as the second pass finds them."""
-    return _prefix_free(raw + normalized) and _never_across(raw, normalized)
+    """Whether one leftmost-longest scan for all added tokens (:class:`FastEncoder`'s) finds what
+    ``tokenizers`` does: it splits the ``normalized=false`` ones out first (leftmost-longest), then
+    the others in what is left. They agree when no normalized occurrence can reach into a raw one
+    from its left or around it (where both start, the longer wins in both: a raw one, since no
+    raw token lies inside a normalized one): then skipping a normalized match never skips the
+    start of a raw occurrence, so the one scan picks the raw occurrences the first pass does, and
+    its normalized matches lie in the first pass's gaps, found there from the gap's start as the
+    second pass finds them."""
+    return _never_across(raw, normalized)
 
 
 def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None) -> Plan:
@@ -264,7 +281,7 @@ def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None) -> Plan:
         added_ids = {str(t["content"]): int(t["id"]) for t in added if t.get("content")}
     raw = [str(t["content"]) for t in added if t.get("content") and not t.get("normalized")]
     if not added_tokens_agree(raw, [t for t in added_ids if t not in raw]):
-        raise Refused("added tokens that a leftmost-first scan may find differently")
+        raise Refused("added tokens that one scan may find otherwise than tokenizers' two passes")
     vocab: dict[str, int] = model.get("vocab") or {}
     if len(set(vocab.values())) != len(vocab):
         raise Refused("two vocabulary tokens share an id")
@@ -402,30 +419,47 @@ class FastEncoder:
     encoding: tiktoken.Encoding
     to_model: list[int] | None = field(repr=False)
     nfc: bool
-    #: Finds added tokens (for the NFC check of the text between them).
-    added_re: re.Pattern[str] = field(repr=False)
+    #: Added token -> its tiktoken id.
+    added: dict[str, int] = field(repr=False)
     #: Encodes the guard refused (the caller used ``tokenizers``).
     refused: int = 0
-    _allowed: frozenset[str] = field(default=frozenset(), repr=False)
+    #: Finds the added tokens, leftmost-longest (:func:`literals_pattern`).
+    _added_re: re.Pattern[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._allowed = frozenset(self.encoding.special_tokens_set)
+        self._added_re = re.compile(literals_pattern(self.added))
 
     def encode(self, text: str) -> list[int] | None:
         """``text``'s model ids, or None when this encoder cannot vouch for them (text between
         added tokens not NFC under an NFC normalizer; text the pre-tokenizer regex left
         unmatched; lone surrogates): the caller encodes with ``tokenizers`` then."""
-        if self.nfc and not text.isascii():
-            for piece in self.added_re.split(text):
-                if not unicodedata.is_normalized("NFC", piece):
-                    self.refused += 1
-                    return None
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             self.refused += 1
             return None
-        ids = self.encoding.encode(text, allowed_special=self._allowed, disallowed_special=())
+        ordinary = self.encoding.encode_ordinary
+        nfc = self.nfc and not text.isascii()
+        ids: list[int] = []
+        pos = 0
+        # The added tokens split here, not by tiktoken: its special-token scan is leftmost-first
+        # and, with a thousand of them (DeepSeek), slower than the whole rest of the encode.
+        for match in self._added_re.finditer(text):
+            start = match.start()
+            if start > pos:
+                piece = text[pos:start]
+                if nfc and not unicodedata.is_normalized("NFC", piece):
+                    self.refused += 1
+                    return None
+                ids += ordinary(piece)
+            ids.append(self.added[match.group()])
+            pos = match.end()
+        if pos < len(text):
+            piece = text[pos:]
+            if nfc and not unicodedata.is_normalized("NFC", piece):
+                self.refused += 1
+                return None
+            ids += ordinary(piece)
         if self.encoding.decode_bytes(ids) != data:
             self.refused += 1
             return None
@@ -456,7 +490,6 @@ def _verdict_key(tokenizer_json: str) -> str:
 def fast_encoder(
     tokenizer_json: str,
     tokenizer: Tokenizer,
-    added_re: re.Pattern[str],
     *,
     cache_dir: Path | bool | None = True,
 ) -> FastEncoder | Refused:
@@ -479,7 +512,7 @@ def fast_encoder(
         return exc
     except (ValueError, KeyError, TypeError) as exc:  # tiktoken refusing the pattern, odd JSON
         return Refused(f"not mapped: {exc}")
-    encoder = FastEncoder(encoding, p.to_model, p.nfc, added_re)
+    encoder = FastEncoder(encoding, p.to_model, p.nfc, p.specials)
     root = _cache_root() if cache_dir is True else (cache_dir or None)
     path = (
         root / "hf-tiktoken" / f"{_verdict_key(tokenizer_json)}.json"

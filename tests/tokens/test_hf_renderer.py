@@ -155,10 +155,10 @@ def test_added_tokens_pattern_matches_the_longest_token_like_an_alternation(word
     """The trie-shaped pattern finds the same added tokens as an alternation longest first."""
     import re
 
-    from responses_cache.tokens.hf import _literals_pattern
+    from responses_cache.tokens.hf_tiktoken import literals_pattern
 
     flat = re.compile("|".join(map(re.escape, sorted(set(words), key=len, reverse=True))))
-    trie = re.compile(_literals_pattern(words))
+    trie = re.compile(literals_pattern(words))
     assert [m.span() for m in trie.finditer(text)] == [m.span() for m in flat.finditer(text)]
     end_flat, end_trie = re.compile(f"(?:{flat.pattern})$"), re.compile(f"(?:{trie.pattern})$")
     found, expected = end_trie.search(text), end_flat.search(text)

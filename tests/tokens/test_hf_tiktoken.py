@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from responses_cache.protocol.items import Message
 from responses_cache.protocol.tools import EMPTY_TOOLS
 from responses_cache.tokens import get_renderer
-from responses_cache.tokens.hf import HFRenderer, _literals_pattern
+from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_tiktoken import (
     DEEPSEEK_PATTERN,
     FastEncoder,
@@ -93,9 +92,7 @@ def hf_ids(tokenizer_json: str, text: str) -> list[int]:
 
 
 def build(tokenizer_json: str) -> FastEncoder | Refused:
-    tok = tokenizers.Tokenizer.from_str(tokenizer_json)
-    added = [t.content for t in tok.get_added_tokens_decoder().values()]
-    return fast_encoder(tokenizer_json, tok, re.compile(_literals_pattern(added)), cache_dir=None)
+    return fast_encoder(tokenizer_json, tokenizers.Tokenizer.from_str(tokenizer_json), cache_dir=None)
 
 
 def unverified(tokenizer_json: str, *, first_merge_only: bool = False) -> tiktoken.Encoding:
@@ -247,14 +244,27 @@ def test_gpt2_byte_level_maps_to_gpt2s_pattern() -> None:
 # -- added tokens ------------------------------------------------------------------------------
 
 
-def test_added_tokens_a_scan_may_find_differently_are_refused() -> None:
-    assert added_tokens_agree(["<a>", "<b>"], [])
-    assert not added_tokens_agree(["<a>", "<a>b"], [])  # a prefix: leftmost-first may stop short
+def test_added_tokens_one_scan_may_find_otherwise_are_refused() -> None:
+    assert added_tokens_agree(["<a>", "<a>b"], [])  # one kind: one leftmost-longest pass, as here
+    assert added_tokens_agree(["<a>", "<a>b"], ["<b>"])
     assert not added_tokens_agree(["b"], ["xbx"])  # raw inside normalized: found first by tokenizers
     assert not added_tokens_agree(["b>"], ["<b"])  # a normalized one reaching into a raw one
     assert added_tokens_agree(["<b"], ["b>"])  # a raw one reaching into a normalized one: both pick it
-    result = build(crafted([("t", "h")], added=("<a>", "<a>b")))
-    assert isinstance(result, Refused)
+    spec = json.loads(crafted([("t", "h")], added=("b>", "<b")))
+    spec["added_tokens"][1]["normalized"] = True
+    js = json.dumps(spec)
+    assert isinstance(build(js), Refused)
+    # What the rule prevents: tokenizers takes the raw "b>" first; one scan would take "<b".
+    raw_first = hf_ids(js, "x<b>y")
+    assert raw_first[1:3] == [ord("<"), spec["added_tokens"][0]["id"]]
+
+
+def test_added_token_prefixes_split_leftmost_longest() -> None:
+    js = crafted([("t", "h")], added=("<a>", "<a>b"))
+    enc = build(js)
+    assert isinstance(enc, FastEncoder)
+    for text in ("x<a>by", "<a><a>b<a>", "th<a>b"):
+        assert enc.encode(text) == hf_ids(js, text)
 
 
 # -- the renderer ------------------------------------------------------------------------------
@@ -313,17 +323,16 @@ def test_a_refused_tokenizer_counts_slow_encodes(tmp_path: pathlib.Path) -> None
 def test_the_verdict_is_cached_by_the_tokenizer_json(tmp_path: pathlib.Path) -> None:
     js = build_tokenizer("llama3")
     tok = tokenizers.Tokenizer.from_str(js)
-    added = re.compile(_literals_pattern([t.content for t in tok.get_added_tokens_decoder().values()]))
-    assert isinstance(fast_encoder(js, tok, added, cache_dir=tmp_path), FastEncoder)
+    assert isinstance(fast_encoder(js, tok, cache_dir=tmp_path), FastEncoder)
     (verdict,) = (tmp_path / "hf-tiktoken").iterdir()
     assert json.loads(verdict.read_text()) == {"verified": True}
     # The cached verdict is what a second load reads (a refusal written there is returned).
     verdict.write_text(json.dumps({"refused": "planted"}))
-    result = fast_encoder(js, tok, added, cache_dir=tmp_path)
+    result = fast_encoder(js, tok, cache_dir=tmp_path)
     assert isinstance(result, Refused) and str(result) == "planted"
     # Another tokenizer.json is another entry.
     other = crafted(NOT_ITSELF)
-    assert isinstance(fast_encoder(other, tokenizers.Tokenizer.from_str(other), added, cache_dir=tmp_path), Refused)
+    assert isinstance(fast_encoder(other, tokenizers.Tokenizer.from_str(other), cache_dir=tmp_path), Refused)
     assert len(list((tmp_path / "hf-tiktoken").iterdir())) == 2
 
 
@@ -353,8 +362,7 @@ def _deepseek() -> tuple[FastEncoder, Any]:
     if not _DEEPSEEK:
         js = build_tokenizer("deepseek-v4")
         tok = tokenizers.Tokenizer.from_str(js)
-        added = re.compile(_literals_pattern([t.content for t in tok.get_added_tokens_decoder().values()]))
-        enc = fast_encoder(js, tok, added)
+        enc = fast_encoder(js, tok)
         assert isinstance(enc, FastEncoder), enc
         assert enc.encoding._pat_str == DEEPSEEK_PATTERN
         _DEEPSEEK.append((enc, tok))
