@@ -2,9 +2,10 @@
 
 ``get_renderer("hf:/path/to/model")`` renders conversations with the model's own chat template
 (see :mod:`.hf_files` for how it is read and compiled, :mod:`.hf_messages` for the item ->
-message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library), so
-the prompt equals ``transformers.apply_chat_template(messages, tools=…, tokenize=True)`` and what
-an engine's chat endpoint computes for the same messages.
+message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library, or a
+tiktoken encoder built from the same ``tokenizer.json`` where its ids provably equal it, see
+:mod:`.hf_tiktoken`), so the prompt equals ``transformers.apply_chat_template(messages, tools=…,
+tokenize=True)`` and what an engine's chat endpoint computes for the same messages.
 
 Incremental rendering. A jinja template is a function of the whole conversation; running it over
 a long history every turn would cost O(messages). Each turn instead:
@@ -171,7 +172,7 @@ _encodings: dict[str, tiktoken.Encoding] = {}
 
 def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], added: Mapping[str, int]) -> tiktoken.Encoding:
     """A ``tiktoken.Encoding`` with the model's id -> bytes table, for decoding sampled ids and the
-    byte-length bounds of :func:`~.base.token_floor` (prompts are tokenized by ``tokenizers``)."""
+    byte-length bounds of :func:`~.base.token_floor` (not for prompts: see :meth:`HFRenderer._encode`)."""
     found = _encodings.get(name)
     if found is not None:
         return found
@@ -320,7 +321,7 @@ class HFRenderer:
     @property
     def encoding(self) -> tiktoken.Encoding:
         """The model's id -> bytes table as a ``tiktoken.Encoding`` (for decoding; prompts are
-        tokenized with the model's ``tokenizers`` tokenizer)."""
+        tokenized by :meth:`_encode`)."""
         return self._encoding
 
     @property
