@@ -8,19 +8,23 @@ reasoning + call) are timed, each on the log the previous one returned, and repo
 
 * ``hf``       -- ``extend`` (render + tokenize the new items) with the model's template and
   tokenizer (this project);
+* ``hf-tok``   -- the same with the verified tiktoken path off (``fast_encode=False``: every text
+  encoded by the ``tokenizers`` library), on the same logs;
 * ``harmony``  -- the same on the harmony renderer, same items;
-* ``encode``   -- the floor under ``hf``: the model's ``tokenizers`` tokenizer encoding just the
-  text each turn added (what any exact renderer must tokenize), no template;
+* ``encode``   -- the floor under ``hf``: the renderer's encoder (the verified tiktoken path where
+  it holds) encoding just the text each turn added (what any exact renderer must tokenize), no
+  template;
 * ``engine``   -- ``transformers.apply_chat_template(..., tokenize=True)`` of the whole
   conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn;
   ``engine / hf`` compares it with ``extend`` + ``prompt`` (materializing the prompt ids).
 
-The three paths are timed interleaved (hf, harmony, encode, engine, then again), ``--repeat``
+The paths are timed interleaved (hf, harmony, encode, hf-tok, engine, then again), ``--repeat``
 rounds, medians; CPU time of this process (``time.process_time``), so that time the process
 spends waiting for a core on a shared machine is not counted.
 
     python -m benchmarks.hf_render --repeat 7            # every test family, 10k/50k/100k
     python -m benchmarks.hf_render --model ~/models/Qwen3-8B --repeat 7
+    RESPONSES_CACHE_HF_FAST=0 python -m benchmarks.hf_render   # hf and encode on tokenizers too
 """
 
 from __future__ import annotations
@@ -107,15 +111,17 @@ def measure(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     repeat: int,
+    slow: Any,
 ) -> dict[str, float]:
     """Median CPU ms per turn of each path, timed interleaved."""
     n = len(turns)
     tools = chat_tools(TOOLS)
-    cells: dict[str, list[float]] = {k: [] for k in ("hf", "harmony", "encode", "hf+p", "harmony+p", "engine")}
+    cells: dict[str, list[float]] = {k: [] for k in ("hf", "harmony", "encode", "hf-tok", "hf+p", "harmony+p", "engine")}
     for _ in range(repeat):
         cells["hf"].append(cpu(lambda: run_turns(r, log, turns)) / n)
         cells["harmony"].append(cpu(lambda: run_turns(harmony, h_log, h_turns)) / n)
         cells["encode"].append(cpu(lambda: [r._encode(t) for t in texts]) / n)
+        cells["hf-tok"].append(cpu(lambda: run_turns(slow, log, turns)) / n)
         cells["hf+p"].append(cpu(lambda: run_turns(r, log, turns, prompt=True)) / n)
         cells["harmony+p"].append(cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n)
         if tokenizer is not None:
@@ -147,9 +153,10 @@ def main() -> None:
     n = args.turns
     print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms\n")
     print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} "
-          f"{'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
+          f"{'hf-tok':>6} {'tok/harm':>8} {'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
     for name, path in models.items():
         r = get_renderer(f"hf:{path}", window=args.window or None)
+        slow = get_renderer(f"hf:{path}", window=args.window or None, fast_encode=False)
         tokenizer = None
         if not args.no_engine:
             from transformers import AutoTokenizer
@@ -166,12 +173,13 @@ def main() -> None:
             run_turns(r, log, turns)
             runs = (r.stats.template_runs - runs0) / n
             messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
-            med = measure(r, log, turns, harmony, h_log, h_turns, texts, tokenizer, messages, args.repeat)
+            med = measure(r, log, turns, harmony, h_log, h_turns, texts, tokenizer, messages, args.repeat, slow)
             engine = f"{med['engine']:8.2f}" if tokenizer is not None else ""
             ratio = f"{med['engine'] / med['hf+p']:8.0f}x" if tokenizer is not None else ""
             per_size.append(med["hf"])
             print(f"{name:11} {log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
-                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
+                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x "
+                  f"{med['hf-tok']:6.3f} {med['hf-tok'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
                   f"{engine:>8} {ratio:>9} {runs:9.2f}")
         print(f"{name:11} flatness (hf at the largest / smallest history): {per_size[-1] / per_size[0]:.2f}")
 

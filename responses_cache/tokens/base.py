@@ -90,6 +90,11 @@ class RenderStats:
     #: ``hf``: runs of the chat template (a windowed turn runs it once when the window of the
     #: previous turn is reused and the generation prompt is the template's final block).
     template_runs: int = 0
+    #: ``hf``: encodes of template text done by the verified tiktoken encoder
+    #: (:mod:`~.hf_tiktoken`)...
+    fast_encodes: int = 0
+    #: ...and by the ``tokenizers`` library (the fast path refused for the tokenizer or the text).
+    slow_encodes: int = 0
 
 
 @runtime_checkable

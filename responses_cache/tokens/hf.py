@@ -2,9 +2,10 @@
 
 ``get_renderer("hf:/path/to/model")`` renders conversations with the model's own chat template
 (see :mod:`.hf_files` for how it is read and compiled, :mod:`.hf_messages` for the item ->
-message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library), so
-the prompt equals ``transformers.apply_chat_template(messages, tools=…, tokenize=True)`` and what
-an engine's chat endpoint computes for the same messages.
+message mapping) and tokenizes with the model's own tokenizer (the ``tokenizers`` library, or a
+tiktoken encoder built from the same ``tokenizer.json`` where its ids provably equal it, see
+:mod:`.hf_tiktoken`), so the prompt equals ``transformers.apply_chat_template(messages, tools=…,
+tokenize=True)`` and what an engine's chat endpoint computes for the same messages.
 
 Incremental rendering. A jinja template is a function of the whole conversation; running it over
 a long history every turn would cost O(messages). Each turn instead:
@@ -65,9 +66,11 @@ Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from array import array
-from collections.abc import Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,7 +88,8 @@ from ..protocol.tools import ToolSet
 from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
-from .hf_messages import chat_messages, chat_tools, qualified, template_view
+from .hf_messages import chat_messages, chat_tools, parse_arguments, qualified, template_view
+from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder, literals_pattern
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 
 if TYPE_CHECKING:
@@ -106,30 +110,10 @@ _END_TOKENS = (
 )
 #: Windows of the old text searched for its last added token (then all of it).
 _WINDOWS = (2048, 65536)
+#: Parsed call arguments kept per renderer (by their text).
+_PARSED = 4096
 #: A window is reused while it holds at most this many times the old items a new one would.
 _REUSE = 2
-
-
-def _literals_pattern(words: Collection[str]) -> str:
-    """A regular expression matching the longest of ``words`` that starts at a position (what an
-    alternation of the words, longest first, matches), written as a trie so that ``re`` tries
-    only the words that share the text's next character: a model's hundreds of added tokens cost
-    one branch per character, not one comparison per token."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def pattern(node: dict[str, Any]) -> str:
-        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
-        if not branches:
-            return ""
-        body = "(?:" + "|".join(branches) + ")"
-        return body + "?" if "" in node else body  # greedy: the longer word first
-
-    return pattern(trie) or "(?!)"
 
 
 def _starts_group(item: Item | None, before: object) -> bool:
@@ -183,25 +167,12 @@ class _Piece:
     window: tuple[int, int] | None = None
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character each byte is written as in ``tokenizer.json``."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
 def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], added: Mapping[str, int]) -> tiktoken.Encoding:
     """A ``tiktoken.Encoding`` with the model's id -> bytes table, for decoding sampled ids and the
-    byte-length bounds of :func:`~.base.token_floor` (prompts are tokenized by ``tokenizers``)."""
+    byte-length bounds of :func:`~.base.token_floor` (not for prompts: see :meth:`HFRenderer._encode`)."""
     found = _encodings.get(name)
     if found is not None:
         return found
@@ -209,7 +180,7 @@ def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], adde
 
     model = json.loads(files.tokenizer_json).get("model") or {}
     byte_level = '"ByteLevel"' in files.tokenizer_json
-    table = _byte_decoder()
+    table = byte_decoder()
     ranks: dict[bytes, int] = {}
     for token, index in sorted(vocab.items(), key=lambda kv: kv[1]):
         if token in added:
@@ -257,7 +228,10 @@ class HFRenderer:
     ``date_string="26 Jul 2024"``…), part of the renderer's key. ``chat_template``: a template to
     use instead of the model's (a ``.jinja`` path or the text). ``parser``: the output format
     (``hermes``, ``llama3``, ``deepseek``, ``mistral``, ``plain``), detected from the template when
-    left out.
+    left out. ``fast_encode``: encode template text with a tiktoken encoder built from the model's
+    ``tokenizer.json`` where it provably gives ``tokenizers``' ids (:mod:`.hf_tiktoken`; refused
+    shapes and unverifiable text use ``tokenizers``); ``None`` (default) takes it unless the
+    environment sets ``RESPONSES_CACHE_HF_FAST=0``. :attr:`fast_refusal` says why it is off.
     """
 
     template = "hf"
@@ -271,6 +245,7 @@ class HFRenderer:
         chat_template: str | None = None,
         parser: str | None = None,
         window: int | None = 8,
+        fast_encode: bool | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be a positive number of items or None, not {window}")
@@ -290,14 +265,26 @@ class HFRenderer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         decoder = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in decoder.items()}
-        added_pattern = _literals_pattern(self._added)
+        added_pattern = literals_pattern(self._added)
         self._added_re = re.compile(added_pattern)
         self._added_end_re = re.compile(f"(?:{added_pattern})$")
+        if fast_encode is None:
+            fast_encode = os.environ.get("RESPONSES_CACHE_HF_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
+        self._fast: FastEncoder | None = None
+        #: Why template text is encoded with ``tokenizers`` alone (None: the fast path is on).
+        self.fast_refusal: str | None = "disabled" if not fast_encode else None
+        if fast_encode:
+            built = fast_encoder(files.tokenizer_json, self._tok)
+            if isinstance(built, Refused):
+                self.fast_refusal = str(built)
+            else:
+                self._fast = built
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
         #: Short texts from an added token to the end of a turn (``<|im_end|>\n``…) -> their ids.
         self._tail_cache: dict[str, list[int]] = {}
+        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()
         options = repr((history, sorted(self.template_kwargs.items()), files.digest))
         self._key = hashlib.blake2b(f"hf\x00{options}".encode(), digest_size=16).digest()
         label = files.path.name or "model"
@@ -334,7 +321,7 @@ class HFRenderer:
     @property
     def encoding(self) -> tiktoken.Encoding:
         """The model's id -> bytes table as a ``tiktoken.Encoding`` (for decoding; prompts are
-        tokenized with the model's ``tokenizers`` tokenizer)."""
+        tokenized by :meth:`_encode`)."""
         return self._encoding
 
     @property
@@ -426,7 +413,25 @@ class HFRenderer:
         """The request's tools as the template (and an engine's chat endpoint) sees them."""
         return chat_tools(tools)
 
+    def _messages(
+        self, instructions: str | None, items: Sequence[Item], *, first_new: int = 0, calls: Callable[[str], str | None] | None = None
+    ) -> list[dict[str, Any]]:
+        return chat_messages(instructions, items, first_new=first_new, calls=calls, arguments=self._arguments)
+
+    def _arguments(self, text: str) -> dict[str, Any]:
+        """A function call's arguments as the template sees them, parsed once per text and frozen
+        for the template's ``tojson`` (:class:`~.hf_files.FrozenJSON`): nothing changes them."""
+        found = self._parsed.get(text)
+        if found is None:
+            found = self._parsed[text] = parse_arguments(text)
+            if len(self._parsed) > _PARSED:
+                self._parsed.popitem(last=False)
+        self._template.json.freeze(found)
+        return found
+
     def _variables(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        if tools:  # the header's tool definitions: built once, never changed
+            self._template.json.freeze(tools, deep=True)
         return {**self._template_tokens, **self.template_kwargs, "messages": template_view(messages), "tools": tools, "documents": None}
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
@@ -450,8 +455,17 @@ class HFRenderer:
             raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=0, param="type") from None
 
     def _encode(self, text: str) -> list[int]:
+        """Template text's ids (added tokens recognised): the verified tiktoken encoder when it
+        vouches for them, else ``tokenizers``."""
+        if self._fast is not None:
+            fast = self._fast.encode(text)
+            if fast is not None:
+                self._stats.fast_encodes += 1
+                self._stats.tokens_encoded += len(fast)
+                return fast
         # ``encode_batch_fast``: the same ids as ``encode``, without computing character offsets.
         ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        self._stats.slow_encodes += 1
         self._stats.tokens_encoded += len(ids)
         return ids
 
@@ -522,7 +536,7 @@ class HFRenderer:
         """A log holding the header: the template's text for the instructions and tools alone
         (empty when the template cannot render them without messages)."""
         header = _Header(instructions or None, chat_tools(tools))
-        messages = chat_messages(header.instructions, [])
+        messages = self._messages(header.instructions, [])
         piece = _Piece(None, "", header)
         seg = array("I")
         try:
@@ -548,7 +562,7 @@ class HFRenderer:
             chain = self._chain(log._node)
             header = self._piece(chain[0]).header
             assert header is not None
-            messages = chat_messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
+            messages = self._messages(header.instructions, [self._piece(n).item for n in chain[1:]])  # type: ignore[misc]
             return array("I", self._encode(self._render(messages, header.tools, True)))
         out = log.tokens()
         out.extend(piece.gen)
@@ -594,7 +608,7 @@ class HFRenderer:
         old_items: list[Item] = [p.item for p in pieces[1:]]  # type: ignore[misc]
         old_text = "".join(p.text for p in pieces)
         all_items = [*old_items, *items]
-        messages = chat_messages(header.instructions, all_items, first_new=len(old_items))
+        messages = self._messages(header.instructions, all_items, first_new=len(old_items))
         text, prompt_text = self._render_pair(messages, header.tools)
         self._stats.full_renders += 1
         if text.startswith(old_text):
@@ -712,7 +726,7 @@ class HFRenderer:
         def lookup(call_id: str) -> str | None:
             return find_call(node, call_id)
 
-        new_messages = chat_messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
+        new_messages = self._messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
         try:
             old_tail, whole = "", False
             if reused is not None and tip.window is not None:
@@ -720,7 +734,7 @@ class HFRenderer:
                 before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
                 assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
             else:
-                before = self._render(chat_messages(header.instructions, window, calls=lookup), header.tools, False)
+                before = self._render(self._messages(header.instructions, window, calls=lookup), header.tools, False)
             after, prompt_text = self._render_pair(new_messages, header.tools)
         except RenderError:
             return None  # e.g. a template checking alternation by position: render all
@@ -813,7 +827,7 @@ class HFRenderer:
             if isinstance(item, Message) and item.role == "user":
                 break
         try:
-            text = self._render(chat_messages(header.instructions, found), header.tools, False)
+            text = self._render(self._messages(header.instructions, found), header.tools, False)
         except RenderError:
             return None, ""
         return tuple(found), text

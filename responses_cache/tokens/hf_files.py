@@ -175,9 +175,55 @@ def load_model_files(spec: str, *, chat_template: str | None = None) -> ModelFil
 # -- the template environment ----------------------------------------------------------------
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+class FrozenJSON:
+    """The template's ``tojson`` filter, remembering its text for the objects the renderer passes
+    to :meth:`freeze`: objects it builds once, hands the template turn after turn and never changes
+    (the tool definitions, parsed call arguments). Why remembering is exact: the text is a function
+    of the object's contents; the renderer never changes a frozen object; the template cannot (the
+    immutable sandbox refuses every method that changes a ``dict`` or ``list``, and jinja has no
+    item assignment); and an entry holds the object, so its ``id`` is not reused while the entry
+    lives. Anything else (the messages, objects the template builds) is dumped every time.
+    ``calls`` counts the filter's uses, ``dumps`` the JSON texts actually computed."""
+
+    def __init__(self, size: int = 4096) -> None:
+        from collections import OrderedDict
+
+        self._size = size
+        self._memo: OrderedDict[int, tuple[Any, dict[tuple[Any, ...], str]]] = OrderedDict()
+        self.calls = 0
+        self.dumps = 0
+
+    def freeze(self, value: Any, *, deep: bool = False) -> None:
+        """Remember ``value``'s JSON texts from now on (the caller never changes it again);
+        ``deep``: the dicts and lists inside it too (when it is new here)."""
+        key = id(value)
+        entry = self._memo.get(key)
+        if entry is not None and entry[0] is value:
+            self._memo.move_to_end(key)
+            return
+        self._memo[key] = (value, {})
+        if len(self._memo) > self._size:
+            self._memo.popitem(last=False)
+        if deep:
+            for inner in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+                if isinstance(inner, (dict, list)):
+                    self.freeze(inner, deep=True)
+
+    def __call__(self, value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+                 sort_keys: bool = False) -> str:
+        self.calls += 1
+        entry = self._memo.get(id(value))
+        if entry is None or entry[0] is not value:
+            self.dumps += 1
+            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        options = (ensure_ascii, indent, None if separators is None else tuple(separators), sort_keys)
+        text = entry[1].get(options)
+        if text is None:
+            self.dumps += 1
+            text = entry[1][options] = json.dumps(
+                value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+            )
+        return text
 
 
 def _strftime_now(fmt: str) -> str:
@@ -218,9 +264,11 @@ class ChatTemplate:
     :func:`_final_generation_block`): that block's output is captured in a variable instead of the
     text. Any other template is run twice."""
 
-    def __init__(self, env: jinja2.Environment, source: str) -> None:
+    def __init__(self, env: jinja2.Environment, source: str, tojson: FrozenJSON | None = None) -> None:
         import jinja2.nodes as n
 
+        #: The environment's ``tojson`` filter (:meth:`FrozenJSON.freeze` objects handed to it).
+        self.json = tojson if tojson is not None else FrozenJSON()
         self.template = env.from_string(source)
         tree = env.parse(source)
         self.reads_generation_flag = any(node.name == _GENERATION for node in tree.find_all(n.Name))
@@ -332,12 +380,13 @@ def compile_template(source: str) -> ChatTemplate:
             return super().getattr(obj, attribute)
 
     env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
+    tojson = FrozenJSON()
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = Dict()
     env.globals["namespace"] = Namespace
     try:
-        return ChatTemplate(env, source)
+        return ChatTemplate(env, source, tojson)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ModelFilesError(f"the chat template does not compile: {exc}") from exc

@@ -80,7 +80,7 @@ def chat_tools(tools: ToolSet) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def _arguments(text: str) -> dict[str, Any]:
+def parse_arguments(text: str) -> dict[str, Any]:
     """Call arguments as the template sees them: the JSON object, else ``{}`` (vLLM's chat
     endpoint replaces arguments that are not a JSON object with ``{}``; templates take a mapping)."""
     try:
@@ -96,10 +96,14 @@ def chat_messages(
     *,
     first_new: int = 0,
     calls: Callable[[str], str | None] | None = None,
+    arguments: Callable[[str], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The conversation as chat messages. Errors name the item's index minus ``first_new`` (the
     position in the items of the current call). ``calls``: the function name of a ``call_id``
-    made before ``items`` (for a window of a longer conversation)."""
+    made before ``items`` (for a window of a longer conversation). ``arguments``: parses a function
+    call's arguments (default :func:`parse_arguments`; the objects are put in the messages as they
+    are, and nothing here changes them)."""
+    parse = arguments or parse_arguments
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -128,12 +132,12 @@ def chat_messages(
         elif isinstance(item, (FunctionCall, CustomToolCall)):
             name = qualified(item.namespace, item.name)
             names[item.call_id] = name
-            arguments = _arguments(item.arguments) if isinstance(item, FunctionCall) else {"input": item.input}
+            args = parse(item.arguments) if isinstance(item, FunctionCall) else {"input": item.input}
             if current is None:
                 current = {"role": "assistant"}
                 out.append(current)
             current.setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": args}}
             )
         else:
             current = None

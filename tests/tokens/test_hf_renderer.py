@@ -155,10 +155,10 @@ def test_added_tokens_pattern_matches_the_longest_token_like_an_alternation(word
     """The trie-shaped pattern finds the same added tokens as an alternation longest first."""
     import re
 
-    from responses_cache.tokens.hf import _literals_pattern
+    from responses_cache.tokens.hf_tiktoken import literals_pattern
 
     flat = re.compile("|".join(map(re.escape, sorted(set(words), key=len, reverse=True))))
-    trie = re.compile(_literals_pattern(words))
+    trie = re.compile(literals_pattern(words))
     assert [m.span() for m in trie.finditer(text)] == [m.span() for m in flat.finditer(text)]
     end_flat, end_trie = re.compile(f"(?:{flat.pattern})$"), re.compile(f"(?:{trie.pattern})$")
     found, expected = end_trie.search(text), end_flat.search(text)
@@ -399,3 +399,35 @@ def test_call_arguments_stream_before_the_call_ends(dirs: dict[str, pathlib.Path
     assert "".join(e.arguments for e in early[1:]) == '{"cmd": "ls -la /t'
     rest = [e for e in [*parser.feed(text[cut:]), *parser.close()] if not (isinstance(e, TextDelta) and not e.text.strip())]
     assert "".join(e.arguments for e in rest) == 'mp"}' and all(isinstance(e, ToolCallDelta) for e in rest)
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3", "deepseek", "mistral"])
+def test_tool_definitions_and_call_arguments_are_dumped_to_json_once(dirs: dict[str, pathlib.Path], family: str) -> None:
+    """The template's ``tojson`` remembers the text of the objects the renderer freezes (tool
+    definitions, parsed call arguments): a tool step dumps only what is new -- not the tools, not
+    the arguments of the calls in the window -- and the prompts stay the whole conversation's."""
+    r = hf(dirs, family)
+    reference = hf(dirs, family, window=None)
+    items: list[Item] = [Message(role="user", content="Fix it. " + LOREM)]
+    log = r.extend(r.begin("be careful", TOOLS), items)
+    for k in range(6):
+        log = r.extend(log, step(k))
+        items += step(k)
+    calls, dumps = r._template.json.calls, r._template.json.dumps
+    for k in range(6, 18):  # every call has the same arguments text: parsed and dumped once
+        log = r.extend(log, step(k))
+        items += step(k)
+        assert r.prompt(log) == reference.prompt(reference.render_full("be careful", TOOLS, items))
+    dumped, used = r._template.json.dumps - dumps, r._template.json.calls - calls
+    assert (used - dumped) / 12 >= 2  # per step at least the tools and the window's arguments
+    if family != "mistral":  # whose template dumps a dict it builds for each tool output
+        assert dumped == 0
+
+
+def test_the_sandbox_refuses_to_change_what_tojson_remembers(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """Why remembering is exact: a template cannot change a frozen tool or arguments object."""
+    for body in ("{% set _ = tools[0].update({'x': 1}) %}", "{% set _ = tools.append(1) %}",
+                 "{% for m in messages %}{% for c in m.tool_calls or [] %}{% set _ = c.function.arguments.clear() %}{% endfor %}{% endfor %}"):
+        r = hf(dirs, "qwen", chat_template=body + "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}")
+        with pytest.raises(TemplateRenderError):
+            r.render_full(None, TOOLS, [Message(role="user", content="hi"), *step(0)[1:]])
