@@ -25,6 +25,9 @@ The modes:
   SDK configured (what ``--otel`` costs where nothing collects);
 * ``sdk``: the SDK with a batch span processor whose exporter encodes every span as OTLP protobuf
   and drops the bytes (the work of exporting, without a collector on the network);
+* ``sdk-start-span``: ``sdk`` with a second span processor that does nothing (the SDK's base
+  ``SpanProcessor``): the tracer then makes every span through ``Tracer.start_span``, as it does
+  for any processor but the SDK's batch and simple ones (``sdk`` makes its stage spans finished);
 * ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
 * ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``);
 * ``sdk-lean``: ``sdk`` with a span for the engine call only (``stages={"engine"}``), the other
@@ -62,7 +65,7 @@ import websockets
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.workload import code_text
 
-MODES = ("off", "api", "sdk", "sdk+metrics", "sdk-sampled", "sdk-lean")
+MODES = ("off", "api", "sdk", "sdk-start-span", "sdk+metrics", "sdk-sampled", "sdk-lean")
 #: The A/A control: a second untraced server, in every block.
 CONTROL = "off-again"
 _ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +97,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
 
         provider = meter_provider = None
         if mode.startswith("sdk"):
-            provider, meter_provider = _sdk(sampled=mode == "sdk-sampled")
+            provider, meter_provider = _sdk(sampled=mode == "sdk-sampled", start_span=mode == "sdk-start-span")
         tracer = OpenTelemetryTracer(provider, stages={"engine"} if mode == "sdk-lean" else None)
         if mode == "sdk+metrics":
             metrics = MetricsTee(prometheus, OpenTelemetryMetrics(meter_provider))
@@ -116,11 +119,11 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
     asyncio.run(run())
 
 
-def _sdk(sampled: bool = False) -> tuple[Any, Any]:
+def _sdk(sampled: bool = False, start_span: bool = False) -> tuple[Any, Any]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     class Encoding(SpanExporter):
@@ -137,6 +140,8 @@ def _sdk(sampled: bool = False) -> tuple[Any, Any]:
 
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1))) if sampled else TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Encoding()))
+    if start_span:
+        provider.add_span_processor(SpanProcessor())
     return provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
 
 

@@ -86,6 +86,99 @@ class _Stage:
         self.end(exc)
 
 
+class _Finished:
+    """Stage spans made finished: when a turn ends, a stage that ran without error becomes an SDK
+    ``ReadableSpan`` with its recorded times, handed straight to the provider's span processor,
+    instead of a span started and ended through ``Tracer.start_span`` (which builds a mutable
+    span, its bounded attribute and event lists, their locks, and a second, read-only copy for
+    the processors: about three times the work, and more objects for the garbage collector while
+    the spans wait in an export queue).
+
+    The span is what ``start_span`` would make of a child of the turn's span: the sampler is
+    asked (a span it does not sample is not made), the span id comes from the tracer's id
+    generator, the trace flags and resource and instrumentation scope are the turn span's. What
+    it skips, and why that is safe, decides where it is used (:func:`_finished_for`): processors'
+    ``on_start`` (only the SDK's batch and simple processors are accepted, whose ``on_start``
+    does nothing), attribute limits (only the defaults' absence of a value-length limit, and a
+    count under the limit, are accepted), and the SDK's own span-count metrics (for these
+    stage spans only). A stage that failed, or one whose span was started before the turn ended
+    (the engine's), goes through ``start_span``."""
+
+    __slots__ = ("_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope")
+
+    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any) -> None:
+        self.sampler = tracer.sampler
+        self.ids = tracer.id_generator
+        self.processor = tracer.span_processor
+        self.info = tracer.instrumentation_info
+        self.scope = tracer._instrumentation_scope  # checked in _finished_for
+        self.max_attributes = max_attributes
+        self._span_type = span_type
+
+    def emit(
+        self, turn: Any, parent_context: Any, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None,
+        start_ns: int, end_ns: int,
+    ) -> bool:
+        """Hand the finished span to the processors; ``False`` when it needs ``start_span``."""
+        parent = turn.get_span_context()
+        result = self.sampler.should_sample(parent_context, parent.trace_id, name, kind, attributes, ())
+        if not result.decision.is_sampled():
+            # The accepted processors export sampled spans only: a span the sampler does not
+            # sample would reach nothing (start_span would not even record one it drops).
+            return True
+        kept = result.attributes
+        if self.max_attributes is not None and kept is not None and len(kept) > self.max_attributes:
+            return False
+        context = trace.SpanContext(
+            parent.trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
+            trace_state=result.trace_state,
+        )
+        self.processor.on_end(
+            self._span_type(
+                name, context=context, parent=parent, resource=turn.resource, attributes=kept, kind=kind,
+                instrumentation_info=self.info, start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
+            )
+        )
+        return True
+
+
+def _finished_for(tracer: Any) -> _Finished | None:
+    """A :class:`_Finished` for ``tracer`` when it is the SDK's ``Tracer`` exporting through only
+    the SDK's ``BatchSpanProcessor``/``SimpleSpanProcessor``, with no attribute-length limit;
+    ``None`` otherwise (any other SDK, processor or limit: every span through ``start_span``).
+    Reads two private attributes of the SDK (its multi-processor's processor list, the tracer's
+    span limits and instrumentation scope), each checked for the type it must have."""
+    try:
+        from opentelemetry.sdk.trace import (
+            ConcurrentMultiSpanProcessor,
+            ReadableSpan,
+            SpanLimits,
+            SynchronousMultiSpanProcessor,
+        )
+        from opentelemetry.sdk.trace import Tracer as SdkTracer
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    except ImportError:  # pragma: no cover - the API without the SDK
+        return None
+    if type(tracer) is not SdkTracer:
+        return None
+    multi = getattr(tracer, "span_processor", None)
+    processors = getattr(multi, "_span_processors", None)
+    limits = getattr(tracer, "_span_limits", None)
+    if (
+        type(multi) not in (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)
+        or not isinstance(processors, tuple)
+        or not processors
+        or any(type(p) not in (BatchSpanProcessor, SimpleSpanProcessor) for p in processors)
+        or not isinstance(limits, SpanLimits)
+        or limits.max_span_attribute_length is not None
+        or not isinstance(getattr(tracer, "_instrumentation_scope", None), InstrumentationScope)
+        or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info"))
+    ):
+        return None
+    return _Finished(tracer, limits.max_span_attributes, ReadableSpan)
+
+
 def _record(span: Any, error: BaseException, timestamp: int) -> None:
     span.record_exception(error, timestamp=timestamp)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -103,10 +196,13 @@ class _Turn:
     context (:meth:`inject`); the rest of its work (the other spans, the exporter's queue) comes
     after. A turn the provider does not record (no SDK, or sampled out) records nothing."""
 
-    __slots__ = ("_attributes", "_context", "_ended", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording")
+    __slots__ = (
+        "_attributes", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording",
+    )
 
-    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None) -> None:
+    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None, finished: _Finished | None) -> None:
         self._tracer = tracer
+        self._finished = finished
         self._span = span
         self._own = own
         self._context: Any = None
@@ -189,6 +285,10 @@ class _Turn:
                 self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
             return
         span = stage.span
+        if span is None and error is None and self._finished is not None:
+            kind = _kind(name)
+            if self._finished.emit(self._span, self._parent_context(), name, kind, stage.attributes, stage.start_ns, end_ns):
+                return
         if span is None:
             span = self._tracer.start_span(
                 name, context=self._parent_context(), kind=_kind(name), attributes=stage.attributes,
@@ -219,11 +319,21 @@ class OpenTelemetryTracer:
     def __init__(self, tracer_provider: Any = None, *, stages: Collection[str] | None = None) -> None:
         self._tracer = trace.get_tracer("responses_cache", _version(), tracer_provider=tracer_provider)
         self._stages = frozenset(stages) if stages is not None else None
+        #: Finished stage spans (:class:`_Finished`), decided again whenever the provider's
+        #: processors change (one may be added after this tracer is made).
+        self._finished: _Finished | None = None
+        self._processors: Any = None
 
     def start_turn(self, carrier: Mapping[str, str], attributes: Mapping[str, AttributeValue]) -> TurnSpan:
         parent = _PROPAGATOR.extract(carrier) if carrier else None
         span = self._tracer.start_span("responses.turn", context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        return _Turn(self._tracer, span, self._stages)
+        processors = getattr(getattr(self._tracer, "span_processor", None), "_span_processors", None)
+        if processors is not self._processors:
+            self._processors, self._finished = processors, _finished_for(self._tracer)
+        finished = self._finished
+        if finished is not None and not span.get_span_context().trace_flags.sampled:
+            finished = None  # recorded, not sampled: its stages through start_span, as the SDK decides
+        return _Turn(self._tracer, span, self._stages, finished)
 
 
 class OpenTelemetryMetrics:
