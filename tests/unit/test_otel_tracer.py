@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
+import pytest
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import SpanKind
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
+from opentelemetry.util.types import Attributes
 
 from responses_cache.otel import OpenTelemetryTracer
 
@@ -153,3 +157,118 @@ def test_an_ended_turn_lets_go_of_its_stages() -> None:
     assert held() is None
     assert len(turn.trace_id) == 32
     assert [s.name for s in exporter.get_finished_spans()] == ["validate", "responses.turn"]
+
+
+# -- stage spans made finished ------------------------------------------------------------------
+#
+# With only the SDK's batch or simple processors behind the provider, a stage that ran without
+# error becomes a finished span handed straight to the processors (no ``start_span``); with any
+# other processor every span goes through ``start_span``. Both must export the same spans.
+
+
+class NoOp(SpanProcessor):
+    """A processor that does nothing: its presence sends every span through ``start_span``."""
+
+
+class Picky(Sampler):
+    """Samples every span but ``validate`` and tags the ones it samples, as a sampler may."""
+
+    def should_sample(
+        self, parent_context: Context | None, trace_id: int, name: str, kind: SpanKind | None = None,
+        attributes: Attributes = None, links: Sequence[Link] | None = None, trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if name == "validate":
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, {**(attributes or {}), "sampled.by": "picky"})
+
+    def get_description(self) -> str:
+        return "Picky"
+
+
+def counted(tracer: OpenTelemetryTracer) -> list[str]:
+    """The names ``tracer``'s SDK tracer is asked to start spans for, from now on."""
+    sdk = tracer._tracer  # the SDK's Tracer this tracer made
+    names: list[str] = []
+    start_span = sdk.start_span
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        names.append(name)
+        return start_span(name, *args, **kwargs)
+
+    sdk.start_span = counting  # type: ignore[method-assign]
+    return names
+
+
+def a_turn(tracer: OpenTelemetryTracer, failing_render: bool = False) -> None:
+    turn = tracer.start_turn({"traceparent": TRACEPARENT, "tracestate": "vendor=1"}, {"responses_cache.tenant": "t"})
+    with turn.stage("resolve") as stage:
+        stage.set("responses_cache.parent_tier", "connection")
+    with turn.stage("validate"):
+        pass
+    stage = turn.stage("render")
+    stage.set("responses_cache.render.incremental", True)
+    stage.end(ValueError("no renderer") if failing_render else None)
+    engine = turn.stage("engine")
+    first_token = turn.stage("engine.first_token")
+    turn.inject(engine)
+    first_token.end()
+    engine.end()
+    turn.stage("journal.close")  # left open: ends with the turn
+    turn.set("responses_cache.parent_tier", "connection")
+    turn.end("completed")
+
+
+def exported(sampler: Sampler | None, slow: bool, failing_render: bool = False) -> tuple[list[str], list[tuple[Any, ...]]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    if slow:
+        provider.add_span_processor(NoOp())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = OpenTelemetryTracer(provider)
+    started = counted(tracer)
+    a_turn(tracer, failing_render)
+    spans = exporter.get_finished_spans()
+    ids = {s.context.span_id: s.name for s in spans if s.context is not None}
+    described = []
+    for s in sorted(spans, key=lambda s: s.name):
+        assert s.context is not None and s.parent is not None
+        described.append((
+            s.name, s.kind, ids.get(s.parent.span_id, "client"), f"{s.context.trace_id:032x}", int(s.context.trace_flags),
+            s.context.trace_state, dict(s.attributes or {}), s.status.status_code, s.status.description,
+            [(e.name, dict(e.attributes or {}).get("exception.type")) for e in s.events], s.resource,
+            s.instrumentation_scope, s.end_time is not None and s.start_time is not None and s.end_time >= s.start_time,
+        ))
+    return started, described
+
+
+@pytest.mark.parametrize("sampler", [None, Picky()], ids=["default sampler", "a sampler that drops and tags"])
+def test_stage_spans_made_finished_are_the_spans_start_span_makes(sampler: Sampler | None) -> None:
+    fast_started, fast = exported(sampler, slow=False)
+    slow_started, slow = exported(sampler, slow=True)
+    # Only the turn's span and the engine's go through start_span; the rest are made finished.
+    assert fast_started == ["responses.turn", "engine"]
+    assert slow_started == ["responses.turn", "engine", "resolve", "validate", "render", "engine.first_token", "journal.close"]
+    assert fast == slow
+    names = [row[0] for row in fast]
+    assert ("validate" in names) is (sampler is None)
+
+
+def test_a_failed_stage_goes_through_start_span_with_its_error() -> None:
+    started, spans = exported(None, slow=False, failing_render=True)
+    assert started == ["responses.turn", "engine", "render"]
+    render = next(row for row in spans if row[0] == "render")
+    assert render[7] == StatusCode.ERROR and render[9] == [("exception", "ValueError")]
+    assert exported(None, slow=True, failing_render=True)[1] == spans
+
+
+def test_a_processor_added_later_sends_the_next_turns_stages_through_start_span() -> None:
+    exporter, starts = InMemorySpanExporter(), Starts()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = OpenTelemetryTracer(provider)
+    a_turn(tracer)
+    assert len(exporter.get_finished_spans()) == 7
+    provider.add_span_processor(starts)  # its on_start must see every span from now on
+    a_turn(tracer)
+    assert starts.names == ["responses.turn", "engine", "resolve", "validate", "render", "engine.first_token", "journal.close"]
+    assert len(exporter.get_finished_spans()) == 14
