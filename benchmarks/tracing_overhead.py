@@ -200,13 +200,15 @@ async def _turn(ws: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
 
 async def _loop(
     servers: list[Server], rounds: int, burst: int, tokens_per_turn: int, per_conversation: int, tick: float,
-    scrape: Path | None,
+    scrape: Path | None, seed: int = 0,
 ) -> dict[str, list[float]]:
-    """``rounds`` rounds of ``burst`` back-to-back turns on each server (rotating which goes
-    first). A server's turn right after another server's answer can pay for that server's work
-    after its answer (a traced server makes its spans then), so the first turn of each burst is
-    not counted: the turns counted follow their own server's previous turn, as a client's do.
-    Every server takes the same turns, so the lists line up turn for turn across servers."""
+    """``rounds`` rounds of ``burst`` back-to-back turns on each server, the servers in a random
+    order each round (a fixed order would have the same server always follow the same other).
+    A server's turn right after another server's answer can pay for that server's work after
+    its answer (a traced server makes its spans then), so the first turn of each burst is not
+    counted: the turns counted follow their own server's previous turn, as a client's do. Every
+    server takes the same turns, so the lists line up turn for turn across servers."""
+    rng = random.Random(seed)
     times: dict[str, list[float]] = {s.mode: [] for s in servers}
     tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
     conns = [await websockets.connect(f"ws://127.0.0.1:{s.port}/v1/responses", max_size=None, compression=None) for s in servers]
@@ -215,9 +217,7 @@ async def _loop(
     traced = next((s for s in servers if s.mode == "sdk"), None)
     try:
         for k in range(rounds):
-            order = list(range(len(servers)))
-            order = order[k % len(order):] + order[: k % len(order)]
-            for i in order:
+            for i in rng.sample(range(len(servers)), len(servers)):
                 for j in range(burst):
                     n = k * burst + j  # this server's turn number
                     body: dict[str, Any] = {"model": "sim-1", "tools": tools, "store": False}
@@ -317,7 +317,7 @@ def _summary(blocks: list[dict[str, list[float]]], cpu: list[dict[str, float]]) 
 
 
 def _block(
-    modes: list[str], engine: str, args: argparse.Namespace, rounds: int, scrape: Path | None
+    modes: list[str], engine: str, args: argparse.Namespace, rounds: int, scrape: Path | None, seed: int
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """One block: fresh server processes, ``rounds`` rounds; per-turn times and CPU per turn."""
     servers = [Server(mode, engine, args.tokens_per_s) for mode in modes]
@@ -326,7 +326,7 @@ def _block(
             server.ready()
         cpu = [s.cpu_seconds() for s in servers]
         times = asyncio.run(
-            _loop(servers, rounds, args.burst, args.tokens_per_turn, args.conversation_turns, args.scrape_every, scrape)
+            _loop(servers, rounds, args.burst, args.tokens_per_turn, args.conversation_turns, args.scrape_every, scrape, seed)
         )
         used = {s.mode: (s.cpu_seconds() - before) / (rounds * args.burst) for s, before in zip(servers, cpu, strict=True)}
     finally:
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu: list[dict[str, float]] = []
         for b in range(max(1, args.blocks)):
             # Which process gets which mode changes from block to block (the start order too).
-            times, used = _block(modes[b % len(modes):] + modes[: b % len(modes)], engine, args, rounds, scrape)
+            times, used = _block(modes[b % len(modes):] + modes[: b % len(modes)], engine, args, rounds, scrape, b)
             blocks.append({m: times[m] for m in modes})
             cpu.append(used)
             print(f"  engine={engine} block {b + 1}/{args.blocks}: paired x off " + ", ".join(

@@ -15,10 +15,11 @@ with only ``opentelemetry-api`` installed and no SDK configured, they record not
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Collection, Mapping
 from time import time_ns
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from .metrics import Labels
 from .tracing import NO_STAGE, AttributeValue, StageSpan, TurnSpan
@@ -54,7 +55,7 @@ class _Stage:
     becomes a span (or, for a stage without a span of its own, an attribute of the turn span)
     when the turn ends (:meth:`_Turn.end`)."""
 
-    __slots__ = ("attributes", "end_ns", "error", "name", "span", "start_ns")
+    __slots__ = ("attributes", "context", "end_ns", "error", "name", "span", "start_ns")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -63,8 +64,11 @@ class _Stage:
         self.attributes: dict[str, AttributeValue] | None = None
         self.error: BaseException | None = None
         #: The stage's span, started ahead of the turn's end only when a request carries its
-        #: context out of the process (:meth:`_Turn.inject`: the engine stage).
+        #: context out of the process (:meth:`_Turn.inject`: the engine stage) and the SDK
+        #: must make it; or, where spans are made finished (:class:`_Finished`), only its
+        #: span context and the sampler's attributes then, the span made when the turn ends.
         self.span: Any = None
+        self.context: tuple[Any, Mapping[str, Any] | None] | None = None
 
     def set(self, key: str, value: AttributeValue) -> None:
         if self.attributes is None:
@@ -87,7 +91,7 @@ class _Stage:
 
 
 class _Finished:
-    """Stage spans made finished: when a turn ends, a stage that ran without error becomes an SDK
+    """Stage spans made finished: when a turn ends, each stage becomes an SDK
     ``ReadableSpan`` with its recorded times, handed straight to the provider's span processor,
     instead of a span started and ended through ``Tracer.start_span`` (which builds a mutable
     span, its bounded attribute and event lists, their locks, and a second, read-only copy for
@@ -96,17 +100,19 @@ class _Finished:
 
     The span is what ``start_span`` would make of a child of the turn's span: the sampler is
     asked (a span it does not sample is not made), the span id comes from the tracer's id
-    generator, the trace flags and resource and instrumentation scope are the turn span's. What
-    it skips, and why that is safe, decides where it is used (:func:`_finished_for`): processors'
-    ``on_start`` (only the SDK's batch and simple processors are accepted, whose ``on_start``
-    does nothing), attribute limits (only the defaults' absence of a value-length limit, and a
-    count under the limit, are accepted), and the SDK's own span-count metrics (for these
-    stage spans only). A stage that failed, or one whose span was started before the turn ended
-    (the engine's), goes through ``start_span``."""
+    generator, the trace flags and resource and instrumentation scope are the turn span's, a
+    failed stage has the ``exception`` event and error status ``record_exception`` and
+    ``set_status`` give. The engine stage's context is decided when its request needs it
+    (:meth:`_Turn.inject`), its span made with the others. What this skips, and why that is
+    safe, decides where it is used (:func:`_finished_for`): processors' ``on_start`` (only the
+    SDK's batch and simple processors are accepted, whose ``on_start`` does nothing), attribute
+    limits (only no value-length limit, and counts under the limit, are accepted), and the SDK's
+    own span-count metrics (for stage spans only). The turn's own span goes through
+    ``start_span``."""
 
-    __slots__ = ("_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope")
+    __slots__ = ("_event", "_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope")
 
-    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any) -> None:
+    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any, event: Any) -> None:
         self.sampler = tracer.sampler
         self.ids = tracer.id_generator
         self.processor = tracer.span_processor
@@ -114,32 +120,61 @@ class _Finished:
         self.scope = tracer._instrumentation_scope  # checked in _finished_for
         self.max_attributes = max_attributes
         self._span_type = span_type
+        self._event = event
 
-    def emit(
-        self, turn: Any, parent_context: Any, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None,
-        start_ns: int, end_ns: int,
-    ) -> bool:
-        """Hand the finished span to the processors; ``False`` when it needs ``start_span``."""
+    def child(
+        self, turn: Any, parent_context: Any, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None
+    ) -> tuple[Any, Mapping[str, Any] | None] | Literal["dropped", "start_span"]:
+        """The span context (and the sampler's attributes) ``start_span`` would give a child of
+        ``turn`` (the turn's span) named ``name``; ``"dropped"`` when the sampler does not
+        sample it, ``"start_span"`` when its attributes are over the limit."""
         parent = turn.get_span_context()
         result = self.sampler.should_sample(parent_context, parent.trace_id, name, kind, attributes, ())
         if not result.decision.is_sampled():
             # The accepted processors export sampled spans only: a span the sampler does not
-            # sample would reach nothing (start_span would not even record one it drops).
-            return True
+            # sample would reach nothing.
+            return "dropped"
         kept = result.attributes
         if self.max_attributes is not None and kept is not None and len(kept) > self.max_attributes:
-            return False
+            return "start_span"
         context = trace.SpanContext(
             parent.trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
             trace_state=result.trace_state,
         )
+        return context, kept
+
+    def emit(
+        self, turn: Any, name: str, kind: SpanKind, context: Any, attributes: Mapping[str, Any] | None, start_ns: int,
+        end_ns: int, error: BaseException | None,
+    ) -> None:
+        """Hand the finished span to the processors."""
+        events: tuple[Any, ...] = ()
+        status = _UNSET
+        if error is not None:
+            events = (self._event("exception", _exception_attributes(error), end_ns),)
+            status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
         self.processor.on_end(
             self._span_type(
-                name, context=context, parent=parent, resource=turn.resource, attributes=kept, kind=kind,
-                instrumentation_info=self.info, start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
+                name, context=context, parent=turn.get_span_context(), resource=turn.resource, attributes=attributes,
+                events=events, kind=kind, instrumentation_info=self.info, status=status, start_time=start_ns,
+                end_time=end_ns, instrumentation_scope=self.scope,
             )
         )
-        return True
+
+
+_UNSET = Status(StatusCode.UNSET)
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """An ``exception`` event's attributes (OpenTelemetry's semantic conventions), as the SDK's
+    ``Span.record_exception`` writes them for an exception that did not escape the span."""
+    module, name = type(error).__module__, type(error).__qualname__
+    return {
+        "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+        "exception.message": str(error),
+        "exception.stacktrace": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        "exception.escaped": "False",
+    }
 
 
 def _finished_for(tracer: Any) -> _Finished | None:
@@ -151,6 +186,7 @@ def _finished_for(tracer: Any) -> _Finished | None:
     try:
         from opentelemetry.sdk.trace import (
             ConcurrentMultiSpanProcessor,
+            Event,
             ReadableSpan,
             SpanLimits,
             SynchronousMultiSpanProcessor,
@@ -160,7 +196,7 @@ def _finished_for(tracer: Any) -> _Finished | None:
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     except ImportError:  # pragma: no cover - the API without the SDK
         return None
-    if type(tracer) is not SdkTracer:
+    if type(tracer) is not SdkTracer or not hasattr(tracer, "_span_limits"):
         return None
     multi = getattr(tracer, "span_processor", None)
     processors = getattr(multi, "_span_processors", None)
@@ -172,11 +208,12 @@ def _finished_for(tracer: Any) -> _Finished | None:
         or any(type(p) not in (BatchSpanProcessor, SimpleSpanProcessor) for p in processors)
         or not isinstance(limits, SpanLimits)
         or limits.max_span_attribute_length is not None
+        or limits.max_attribute_length is not None
         or not isinstance(getattr(tracer, "_instrumentation_scope", None), InstrumentationScope)
         or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info"))
     ):
         return None
-    return _Finished(tracer, limits.max_span_attributes, ReadableSpan)
+    return _Finished(tracer, limits.max_span_attributes, ReadableSpan, Event)
 
 
 def _record(span: Any, error: BaseException, timestamp: int) -> None:
@@ -192,9 +229,11 @@ class _Turn:
     """A turn's span, started when the turn starts (its trace id and context are needed then),
     and its stages, recorded as it runs and made spans with their own times in one pass when it
     ends, which the pipeline does once the client has the terminal event. Before the answer the
-    SDK makes two spans: the turn's, and the engine stage's when the engine request takes its
-    context (:meth:`inject`); the rest of its work (the other spans, the exporter's queue) comes
-    after. A turn the provider does not record (no SDK, or sampled out) records nothing."""
+    SDK makes the turn's span, and the engine stage's context when the engine request takes it
+    (:meth:`inject`): only a span id and the sampler's word where stage spans are made finished
+    (:class:`_Finished`), a span started through the SDK otherwise; the rest of its work (the
+    spans, the exporter's queue) comes after. A turn the provider does not record (no SDK, or
+    sampled out) records nothing."""
 
     __slots__ = (
         "_attributes", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording",
@@ -243,11 +282,19 @@ class _Turn:
     def inject(self, stage: StageSpan) -> dict[str, str]:
         span = self._span
         if isinstance(stage, _Stage) and self._has_span(stage.name):
-            if stage.span is None:  # the request is a child of this stage: its span must exist now
-                stage.span = self._tracer.start_span(
-                    stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
-                )
-            span = stage.span
+            # The request is a child of this stage: its span's context must exist now.
+            if stage.span is None and stage.context is None and self._finished is not None:
+                decided = self._finished.child(self._span, self._parent_context(), stage.name, _kind(stage.name), None)
+                if not isinstance(decided, str):  # otherwise: the SDK's span, whatever it decides
+                    stage.context = decided
+            if stage.context is not None:
+                span = trace.NonRecordingSpan(stage.context[0])
+            else:
+                if stage.span is None:
+                    stage.span = self._tracer.start_span(
+                        stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
+                    )
+                span = stage.span
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return carrier
@@ -285,9 +332,20 @@ class _Turn:
                 self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
             return
         span = stage.span
-        if span is None and error is None and self._finished is not None:
+        finished = self._finished
+        if span is None and finished is not None:
             kind = _kind(name)
-            if self._finished.emit(self._span, self._parent_context(), name, kind, stage.attributes, stage.start_ns, end_ns):
+            if stage.context is not None:
+                context, kept = stage.context
+                attributes = {**kept, **stage.attributes} if kept and stage.attributes else (stage.attributes or kept)
+                finished.emit(self._span, name, kind, context, attributes, stage.start_ns, end_ns, error)
+                return
+            decided = finished.child(self._span, self._parent_context(), name, kind, stage.attributes)
+            if decided == "dropped":
+                return
+            if not isinstance(decided, str):
+                context, kept = decided
+                finished.emit(self._span, name, kind, context, kept, stage.start_ns, end_ns, error)
                 return
         if span is None:
             span = self._tracer.start_span(
@@ -304,11 +362,13 @@ class _Turn:
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
 
-    A turn costs the SDK two spans on its way to the client's answer (the turn's, and the engine
-    stage's, started when the engine request takes its context); every other stage is two clock
-    reads then, and its span is made with those times once the client has the terminal event
-    (see :class:`_Turn`). A turn that is not recorded (no SDK configured, or sampled out) records
-    nothing.
+    A turn costs the SDK one span on its way to the client's answer (the turn's; and the engine
+    stage's context when its request takes it); every stage is two clock reads then, and its
+    span is made with those times once the client has the terminal event (see :class:`_Turn`).
+    Where the provider exports through only the SDK's batch or simple span processors, a stage's
+    span is made finished, straight to the processors, a third of the SDK's work of starting and
+    ending it (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A
+    turn that is not recorded (no SDK configured, or sampled out) records nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``

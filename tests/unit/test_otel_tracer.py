@@ -161,9 +161,10 @@ def test_an_ended_turn_lets_go_of_its_stages() -> None:
 
 # -- stage spans made finished ------------------------------------------------------------------
 #
-# With only the SDK's batch or simple processors behind the provider, a stage that ran without
-# error becomes a finished span handed straight to the processors (no ``start_span``); with any
-# other processor every span goes through ``start_span``. Both must export the same spans.
+# With only the SDK's batch or simple processors behind the provider, every stage becomes a
+# finished span handed straight to the processors (no ``start_span``; the engine's context is
+# decided when its request needs it); with any other processor every span goes through
+# ``start_span``. Both must export the same spans.
 
 
 class NoOp(SpanProcessor):
@@ -199,7 +200,15 @@ def counted(tracer: OpenTelemetryTracer) -> list[str]:
     return names
 
 
-def a_turn(tracer: OpenTelemetryTracer, failing_render: bool = False) -> None:
+def failure(message: str) -> ValueError:
+    try:
+        raise ValueError(message)
+    except ValueError as exc:
+        return exc
+
+
+def a_turn(tracer: OpenTelemetryTracer, failing_render: bool = False, failing_engine: bool = False) -> str:
+    """A turn's stages as the pipeline opens them; the ``traceparent`` its engine request got."""
     turn = tracer.start_turn({"traceparent": TRACEPARENT, "tracestate": "vendor=1"}, {"responses_cache.tenant": "t"})
     with turn.stage("resolve") as stage:
         stage.set("responses_cache.parent_tier", "connection")
@@ -207,18 +216,21 @@ def a_turn(tracer: OpenTelemetryTracer, failing_render: bool = False) -> None:
         pass
     stage = turn.stage("render")
     stage.set("responses_cache.render.incremental", True)
-    stage.end(ValueError("no renderer") if failing_render else None)
+    stage.end(failure("no renderer") if failing_render else None)
     engine = turn.stage("engine")
     first_token = turn.stage("engine.first_token")
-    turn.inject(engine)
+    traceparent = turn.inject(engine)["traceparent"]
     first_token.end()
-    engine.end()
+    engine.end(failure("engine gone") if failing_engine else None)
     turn.stage("journal.close")  # left open: ends with the turn
     turn.set("responses_cache.parent_tier", "connection")
     turn.end("completed")
+    return traceparent
 
 
-def exported(sampler: Sampler | None, slow: bool, failing_render: bool = False) -> tuple[list[str], list[tuple[Any, ...]]]:
+def exported(
+    sampler: Sampler | None, slow: bool, failing_render: bool = False, failing_engine: bool = False
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
     if slow:
@@ -226,16 +238,17 @@ def exported(sampler: Sampler | None, slow: bool, failing_render: bool = False) 
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = OpenTelemetryTracer(provider)
     started = counted(tracer)
-    a_turn(tracer, failing_render)
+    traceparent = a_turn(tracer, failing_render, failing_engine)
     spans = exporter.get_finished_spans()
     ids = {s.context.span_id: s.name for s in spans if s.context is not None}
+    assert ids[int(traceparent.split("-")[2], 16)] == "engine"  # the engine request named the engine's span
     described = []
     for s in sorted(spans, key=lambda s: s.name):
         assert s.context is not None and s.parent is not None
         described.append((
             s.name, s.kind, ids.get(s.parent.span_id, "client"), f"{s.context.trace_id:032x}", int(s.context.trace_flags),
             s.context.trace_state, dict(s.attributes or {}), s.status.status_code, s.status.description,
-            [(e.name, dict(e.attributes or {}).get("exception.type")) for e in s.events], s.resource,
+            [(e.name, dict(e.attributes or {}), e.timestamp == s.end_time) for e in s.events], s.resource,
             s.instrumentation_scope, s.end_time is not None and s.start_time is not None and s.end_time >= s.start_time,
         ))
     return started, described
@@ -245,20 +258,24 @@ def exported(sampler: Sampler | None, slow: bool, failing_render: bool = False) 
 def test_stage_spans_made_finished_are_the_spans_start_span_makes(sampler: Sampler | None) -> None:
     fast_started, fast = exported(sampler, slow=False)
     slow_started, slow = exported(sampler, slow=True)
-    # Only the turn's span and the engine's go through start_span; the rest are made finished.
-    assert fast_started == ["responses.turn", "engine"]
+    # Only the turn's span goes through start_span; the stages' are made finished.
+    assert fast_started == ["responses.turn"]
     assert slow_started == ["responses.turn", "engine", "resolve", "validate", "render", "engine.first_token", "journal.close"]
     assert fast == slow
     names = [row[0] for row in fast]
     assert ("validate" in names) is (sampler is None)
 
 
-def test_a_failed_stage_goes_through_start_span_with_its_error() -> None:
-    started, spans = exported(None, slow=False, failing_render=True)
-    assert started == ["responses.turn", "engine", "render"]
-    render = next(row for row in spans if row[0] == "render")
-    assert render[7] == StatusCode.ERROR and render[9] == [("exception", "ValueError")]
-    assert exported(None, slow=True, failing_render=True)[1] == spans
+def test_failed_stages_made_finished_keep_their_errors_as_start_span_records_them() -> None:
+    started, spans = exported(None, slow=False, failing_render=True, failing_engine=True)
+    assert started == ["responses.turn"]
+    for name, message in (("render", "no renderer"), ("engine", "engine gone")):
+        row = next(row for row in spans if row[0] == name)
+        assert row[7] == StatusCode.ERROR and row[8] == f"ValueError: {message}"
+        [(event, attributes, at_end)] = row[9]
+        assert event == "exception" and attributes["exception.message"] == message and at_end
+        assert "raise ValueError(message)" in attributes["exception.stacktrace"]
+    assert exported(None, slow=True, failing_render=True, failing_engine=True)[1] == spans
 
 
 def test_a_processor_added_later_sends_the_next_turns_stages_through_start_span() -> None:
