@@ -28,6 +28,8 @@ The modes:
 * ``sdk-start-span``: ``sdk`` with a second span processor that does nothing (the SDK's base
   ``SpanProcessor``): the tracer then makes every span through ``Tracer.start_span``, as it does
   for any processor but the SDK's batch and simple ones (``sdk`` makes its stage spans finished);
+* ``sdk-no-export``: ``sdk`` with an exporter that drops each batch without encoding it (the
+  tracer's and the SDK's work without the exporter's: the rest of ``sdk``'s cost is the export);
 * ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
 * ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``);
 * ``sdk-lean``: ``sdk`` with a span for the engine call only (``stages={"engine"}``), the other
@@ -66,7 +68,7 @@ import websockets
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.workload import code_text
 
-MODES = ("off", "api", "sdk", "sdk-start-span", "sdk+metrics", "sdk-sampled", "sdk-lean")
+MODES = ("off", "api", "sdk", "sdk-start-span", "sdk-no-export", "sdk+metrics", "sdk-sampled", "sdk-lean")
 #: The A/A control: a second untraced server, in every block.
 CONTROL = "off-again"
 _ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +100,9 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
 
         provider = meter_provider = None
         if mode.startswith("sdk"):
-            provider, meter_provider = _sdk(sampled=mode == "sdk-sampled", start_span=mode == "sdk-start-span")
+            provider, meter_provider = _sdk(
+                sampled=mode == "sdk-sampled", start_span=mode == "sdk-start-span", encode=mode != "sdk-no-export"
+            )
         tracer = OpenTelemetryTracer(provider, stages={"engine"} if mode == "sdk-lean" else None)
         if mode == "sdk+metrics":
             metrics = MetricsTee(prometheus, OpenTelemetryMetrics(meter_provider))
@@ -120,7 +124,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
     asyncio.run(run())
 
 
-def _sdk(sampled: bool = False, start_span: bool = False) -> tuple[Any, Any]:
+def _sdk(sampled: bool = False, start_span: bool = False, encode: bool = True) -> tuple[Any, Any]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -134,7 +138,8 @@ def _sdk(sampled: bool = False, start_span: bool = False) -> tuple[Any, Any]:
             self.bytes = 0
 
         def export(self, spans: Any) -> SpanExportResult:
-            self.bytes += len(encode_spans(spans).SerializeToString())
+            if encode:
+                self.bytes += len(encode_spans(spans).SerializeToString())
             return SpanExportResult.SUCCESS
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased

@@ -110,9 +110,9 @@ class _Finished:
     own span-count metrics (for stage spans only). The turn's own span goes through
     ``start_span``."""
 
-    __slots__ = ("_event", "_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope")
+    __slots__ = ("_event", "_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope", "uniform")
 
-    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any, event: Any) -> None:
+    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any, event: Any, uniform: bool) -> None:
         self.sampler = tracer.sampler
         self.ids = tracer.id_generator
         self.processor = tracer.span_processor
@@ -121,25 +121,37 @@ class _Finished:
         self.max_attributes = max_attributes
         self._span_type = span_type
         self._event = event
-
+        self.uniform = uniform
     def child(
-        self, turn: Any, parent_context: Any, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None
+        self, turn: _Turn, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None
     ) -> tuple[Any, Mapping[str, Any] | None] | Literal["dropped", "start_span"]:
         """The span context (and the sampler's attributes) ``start_span`` would give a child of
-        ``turn`` (the turn's span) named ``name``; ``"dropped"`` when the sampler does not
-        sample it, ``"start_span"`` when its attributes are over the limit."""
-        parent = turn.get_span_context()
-        result = self.sampler.should_sample(parent_context, parent.trace_id, name, kind, attributes, ())
-        if not result.decision.is_sampled():
+        ``turn``'s span named ``name``; ``"dropped"`` when the sampler does not sample it,
+        ``"start_span"`` when its attributes are over the limit.
+
+        A sampler that decides a child of a sampled local span on its trace id alone, and passes
+        its attributes through (the SDK's static and ratio samplers, and ``ParentBased`` with one
+        of them for that case, the SDK's default), is asked once per turn: its answer for the
+        first stage is its answer for every other."""
+        parent = turn._span.get_span_context()
+        known = turn._children
+        if known is not None:
+            sampled, trace_state = known
+            kept = attributes
+        else:
+            result = self.sampler.should_sample(turn._parent_context(), parent.trace_id, name, kind, attributes, ())
+            sampled, trace_state, kept = result.decision.is_sampled(), result.trace_state, result.attributes
+            if self.uniform:
+                turn._children = (sampled, trace_state)
+        if not sampled:
             # The accepted processors export sampled spans only: a span the sampler does not
             # sample would reach nothing.
             return "dropped"
-        kept = result.attributes
         if self.max_attributes is not None and kept is not None and len(kept) > self.max_attributes:
             return "start_span"
         context = trace.SpanContext(
             parent.trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
-            trace_state=result.trace_state,
+            trace_state=trace_state,
         )
         return context, kept
 
@@ -193,6 +205,12 @@ def _finished_for(tracer: Any) -> _Finished | None:
         )
         from opentelemetry.sdk.trace import Tracer as SdkTracer
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import (
+            ParentBased,
+            ParentBasedTraceIdRatio,
+            StaticSampler,
+            TraceIdRatioBased,
+        )
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     except ImportError:  # pragma: no cover - the API without the SDK
         return None
@@ -213,7 +231,13 @@ def _finished_for(tracer: Any) -> _Finished | None:
         or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info"))
     ):
         return None
-    return _Finished(tracer, limits.max_span_attributes, ReadableSpan, Event)
+    # A sampler that decides a sampled local span's children on the trace id alone, passing
+    # their attributes through (reads ParentBased's private delegate for that case).
+    decider: Any = tracer.sampler
+    if type(decider) in (ParentBased, ParentBasedTraceIdRatio):
+        decider = getattr(decider, "_local_parent_sampled", None)
+    uniform = type(decider) in (StaticSampler, TraceIdRatioBased)
+    return _Finished(tracer, limits.max_span_attributes, ReadableSpan, Event, uniform)
 
 
 def _record(span: Any, error: BaseException, timestamp: int) -> None:
@@ -236,12 +260,15 @@ class _Turn:
     sampled out) records nothing."""
 
     __slots__ = (
-        "_attributes", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording",
+        "_attributes", "_children", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer",
+        "recording",
     )
 
     def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None, finished: _Finished | None) -> None:
         self._tracer = tracer
         self._finished = finished
+        #: The sampler's word on the turn's stage spans, where one word holds for all (_Finished.child).
+        self._children: tuple[bool, Any] | None = None
         self._span = span
         self._own = own
         self._context: Any = None
@@ -284,7 +311,7 @@ class _Turn:
         if isinstance(stage, _Stage) and self._has_span(stage.name):
             # The request is a child of this stage: its span's context must exist now.
             if stage.span is None and stage.context is None and self._finished is not None:
-                decided = self._finished.child(self._span, self._parent_context(), stage.name, _kind(stage.name), None)
+                decided = self._finished.child(self, stage.name, _kind(stage.name), None)
                 if not isinstance(decided, str):  # otherwise: the SDK's span, whatever it decides
                     stage.context = decided
             if stage.context is not None:
@@ -340,7 +367,7 @@ class _Turn:
                 attributes = {**kept, **stage.attributes} if kept and stage.attributes else (stage.attributes or kept)
                 finished.emit(self._span, name, kind, context, attributes, stage.start_ns, end_ns, error)
                 return
-            decided = finished.child(self._span, self._parent_context(), name, kind, stage.attributes)
+            decided = finished.child(self, name, kind, stage.attributes)
             if decided == "dropped":
                 return
             if not isinstance(decided, str):

@@ -18,7 +18,15 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
 
@@ -241,7 +249,10 @@ def exported(
     traceparent = a_turn(tracer, failing_render, failing_engine)
     spans = exporter.get_finished_spans()
     ids = {s.context.span_id: s.name for s in spans if s.context is not None}
-    assert ids[int(traceparent.split("-")[2], 16)] == "engine"  # the engine request named the engine's span
+    if "engine" in ids.values():  # the engine request names the engine's span
+        assert ids[int(traceparent.split("-")[2], 16)] == "engine"
+    else:  # a span not sampled, as the flags say
+        assert traceparent.endswith("-00")
     described = []
     for s in sorted(spans, key=lambda s: s.name):
         assert s.context is not None and s.parent is not None
@@ -254,16 +265,48 @@ def exported(
     return started, described
 
 
-@pytest.mark.parametrize("sampler", [None, Picky()], ids=["default sampler", "a sampler that drops and tags"])
-def test_stage_spans_made_finished_are_the_spans_start_span_makes(sampler: Sampler | None) -> None:
+STAGES = ["resolve", "validate", "render", "engine", "engine.first_token", "journal.close"]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "stages"),
+    [
+        (None, STAGES),
+        (Picky(), [s for s in STAGES if s != "validate"]),
+        (ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF), []),
+    ],
+    ids=["default sampler", "a sampler that drops and tags", "a parent-based sampler that drops children"],
+)
+def test_stage_spans_made_finished_are_the_spans_start_span_makes(sampler: Sampler | None, stages: list[str]) -> None:
     fast_started, fast = exported(sampler, slow=False)
     slow_started, slow = exported(sampler, slow=True)
-    # Only the turn's span goes through start_span; the stages' are made finished.
-    assert fast_started == ["responses.turn"]
+    # Only the turn's span goes through start_span; the stages' are made finished (but the
+    # engine's, when the request's context is one the sampler does not sample: the SDK's then).
+    assert fast_started == (["responses.turn"] if stages else ["responses.turn", "engine"])
     assert slow_started == ["responses.turn", "engine", "resolve", "validate", "render", "engine.first_token", "journal.close"]
     assert fast == slow
-    names = [row[0] for row in fast]
-    assert ("validate" in names) is (sampler is None)
+    assert sorted(row[0] for row in fast) == sorted(["responses.turn", *stages])
+
+
+def test_the_sdks_own_samplers_are_asked_once_for_all_of_a_turns_stages() -> None:
+    """Parent-based over the SDK's static or ratio samplers decides a child of a sampled span on
+    the trace id alone: the stages take the first one's answer (``Picky`` above, a sampler of
+    the user's, is asked for each)."""
+    asked: list[str] = []
+    sampler = ParentBased(TraceIdRatioBased(1.0))
+    should_sample = sampler.should_sample
+
+    def counting(parent_context: Context | None, trace_id: int, name: str, *args: Any, **kwargs: Any) -> SamplingResult:
+        asked.append(name)
+        return should_sample(parent_context, trace_id, name, *args, **kwargs)
+
+    sampler.should_sample = counting  # type: ignore[method-assign]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    a_turn(OpenTelemetryTracer(provider))
+    assert asked == ["responses.turn", "engine"]  # the turn's, then the first stage to need one
+    assert len(exporter.get_finished_spans()) == 7
 
 
 def test_failed_stages_made_finished_keep_their_errors_as_start_span_records_them() -> None:
