@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("zero", "real", "both"), default="both")
     parser.add_argument("--tokens-per-s", type=float, default=1000.0, help="the real engine's output rate")
     parser.add_argument("--turns", type=int, default=200, help="turns per server in all (split over the blocks)")
-    parser.add_argument("--blocks", type=int, default=6, help="blocks of rounds, each on fresh server processes")
+    parser.add_argument("--blocks", type=int, default=20, help="blocks of rounds, each on fresh server processes")
     parser.add_argument("--burst", type=int, default=8, help="back-to-back turns per server in a round (the first not counted)")
     parser.add_argument("--tokens-per-turn", type=int, default=500, help="tokens of tool output per turn")
     parser.add_argument("--conversation-turns", type=int, default=50, help="turns per conversation (then a new one)")
