@@ -193,8 +193,9 @@ def _finished_for(tracer: Any) -> _Finished | None:
     """A :class:`_Finished` for ``tracer`` when it is the SDK's ``Tracer`` exporting through only
     the SDK's ``BatchSpanProcessor``/``SimpleSpanProcessor``, with no attribute-length limit;
     ``None`` otherwise (any other SDK, processor or limit: every span through ``start_span``).
-    Reads two private attributes of the SDK (its multi-processor's processor list, the tracer's
-    span limits and instrumentation scope), each checked for the type it must have."""
+    Reads private attributes of the SDK (its multi-processor's processor list, the tracer's span
+    limits and instrumentation scope, ``ParentBased``'s delegate for a sampled local parent),
+    each checked for the type it must have."""
     try:
         from opentelemetry.sdk.trace import (
             ConcurrentMultiSpanProcessor,
