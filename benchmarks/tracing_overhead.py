@@ -3,16 +3,19 @@ side in one run.
 
 Servers run the same WebSocket agent loop (every turn continues the previous one with a
 tool output of ``--tokens-per-turn`` tokens; a new conversation every ``--conversation-turns``),
-each in its own process. The client takes one turn on each server per round (rotating which goes
-first), so machine noise hits them alike, and compares each turn with the untraced server's turn
-of the same round (a paired ratio). A server process has a speed of its own that lasts as long as
-it does (where its memory landed, which core it shares with what): two identical untraced servers
+each in its own process. Each round the client takes ``--burst`` back-to-back turns on each
+server, the servers in a random order, so machine noise hits them alike, and compares each turn
+with the untraced server's turn at the same place of the same round (a paired ratio). The first
+turn of a burst is not counted: it follows another server's answer, and a traced server's work
+after its answer (its spans) would land on it; the turns counted follow their own server's
+previous turn, as a client's do. A server process has a speed of its own that lasts as long as it
+does (where its memory landed, which core it shares with what): two identical untraced servers
 can differ by several percent for a whole run. So the run is ``--blocks`` blocks, each with fresh
 server processes, and the figures are pooled over blocks:
 
-* per mode, the median of the paired ratios over every round of every block, with a 95%
-  bootstrap interval that resamples blocks and then rounds within them (so it covers both the
-  process-to-process and the round-to-round noise), and the spread of the per-block medians;
+* per mode, the median of the paired ratios over every turn of every block, with a 95%
+  bootstrap interval that resamples blocks and then turns within them (so it covers both the
+  process-to-process and the turn-to-turn noise), and the spread of the per-block medians;
 * ``off-again``, a second untraced server in every block (an A/A control): its ratio is what
   two servers differing in nothing show, the noise floor a traced mode's ratio is read against;
 * the server's CPU time per turn, over the untraced server's in the same block (median of the
@@ -30,7 +33,7 @@ The modes:
   for any processor but the SDK's batch and simple ones (``sdk`` makes its stage spans finished);
 * ``sdk-no-export``: ``sdk`` with an exporter that drops each batch without encoding it (the
   tracer's and the SDK's work without the exporter's: the rest of ``sdk``'s cost is the export);
-* ``sdk+metrics``: that, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
+* ``sdk+metrics``: ``sdk``, plus OpenTelemetry metrics alongside Prometheus (``serve --otel``);
 * ``sdk-sampled``: ``sdk`` with a 10% sampler (``ParentBased(TraceIdRatioBased(0.1))``);
 * ``sdk-lean``: ``sdk`` with a span for the engine call only (``stages={"engine"}``), the other
   stages timed as attributes of the turn span.
@@ -40,9 +43,10 @@ ratio) and ``real`` (``--tokens-per-s`` output tokens per second, as a fast engi
 Every server exports Prometheus metrics; ``--scrape DIR`` saves the ``sdk`` server's exposition
 every ``--scrape-every`` seconds (zero-latency engine only) for :mod:`benchmarks.dashboard`.
 
-    python -m benchmarks.tracing_overhead --engine zero --modes sdk --turns 600 --blocks 6 --json out.json
+    python -m benchmarks.tracing_overhead --engine zero --modes sdk,sdk-start-span --turns 2560 --blocks 40 --json out.json
 
-``--turns`` is the number of rounds in all (split over the blocks), as it was before blocks.
+``--turns`` is the number of turns per server in all (split over the blocks), as it was before
+blocks and bursts (then one turn per server per round).
 
 Needs the ``bench`` extra (the OpenTelemetry SDK and OTLP encoding).
 """
