@@ -4,7 +4,8 @@
     python -m benchmarks.dashboard render SNAPSHOT_DIR docs/dashboard.png
 
 ``render`` draws the dashboard's panels with matplotlib from ``/metrics`` snapshots saved during
-a benchmark run (``python -m benchmarks.tracing_overhead --scrape SNAPSHOT_DIR``), evaluating each
+a benchmark run (``python -m benchmarks.tracing_overhead --blocks 1 --scrape SNAPSHOT_DIR``: one
+server process, so its counters never restart), evaluating each
 panel's PromQL the way Prometheus would over those samples (``rate`` between snapshots
 ``--window`` apart, ``histogram_quantile`` with linear interpolation inside a bucket), so the
 picture shows what Grafana would, without a Grafana server.

@@ -15,10 +15,11 @@ with only ``opentelemetry-api`` installed and no SDK configured, they record not
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Collection, Mapping
 from time import time_ns
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from .metrics import Labels
 from .tracing import NO_STAGE, AttributeValue, StageSpan, TurnSpan
@@ -54,7 +55,7 @@ class _Stage:
     becomes a span (or, for a stage without a span of its own, an attribute of the turn span)
     when the turn ends (:meth:`_Turn.end`)."""
 
-    __slots__ = ("attributes", "end_ns", "error", "name", "span", "start_ns")
+    __slots__ = ("attributes", "context", "end_ns", "error", "name", "span", "start_ns")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -63,8 +64,11 @@ class _Stage:
         self.attributes: dict[str, AttributeValue] | None = None
         self.error: BaseException | None = None
         #: The stage's span, started ahead of the turn's end only when a request carries its
-        #: context out of the process (:meth:`_Turn.inject`: the engine stage).
+        #: context out of the process (:meth:`_Turn.inject`: the engine stage) and the SDK
+        #: must make it; or, where spans are made finished (:class:`_Finished`), only its
+        #: span context and the sampler's attributes then, the span made when the turn ends.
         self.span: Any = None
+        self.context: tuple[Any, Mapping[str, Any] | None] | None = None
 
     def set(self, key: str, value: AttributeValue) -> None:
         if self.attributes is None:
@@ -86,6 +90,157 @@ class _Stage:
         self.end(exc)
 
 
+class _Finished:
+    """Stage spans made finished: when a turn ends, each stage becomes an SDK
+    ``ReadableSpan`` with its recorded times, handed straight to the provider's span processor,
+    instead of a span started and ended through ``Tracer.start_span`` (which builds a mutable
+    span, its bounded attribute and event lists, their locks, and a second, read-only copy for
+    the processors: about three times the work, and more objects for the garbage collector while
+    the spans wait in an export queue).
+
+    The span is what ``start_span`` would make of a child of the turn's span: the sampler is
+    asked (a span it does not sample is not made), the span id comes from the tracer's id
+    generator, the trace flags and resource and instrumentation scope are the turn span's, a
+    failed stage has the ``exception`` event and error status ``record_exception`` and
+    ``set_status`` give. The engine stage's context is decided when its request needs it
+    (:meth:`_Turn.inject`), its span made with the others. What this skips, and why that is
+    safe, decides where it is used (:func:`_finished_for`): processors' ``on_start`` (only the
+    SDK's batch and simple processors are accepted, whose ``on_start`` does nothing), attribute
+    limits (only no value-length limit, and counts under the limit, are accepted), and the SDK's
+    own span-count metrics (for stage spans only). The turn's own span goes through
+    ``start_span``."""
+
+    __slots__ = ("_event", "_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope", "uniform")
+
+    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any, event: Any, uniform: bool) -> None:
+        self.sampler = tracer.sampler
+        self.ids = tracer.id_generator
+        self.processor = tracer.span_processor
+        self.info = tracer.instrumentation_info
+        self.scope = tracer._instrumentation_scope  # checked in _finished_for
+        self.max_attributes = max_attributes
+        self._span_type = span_type
+        self._event = event
+        self.uniform = uniform
+    def child(
+        self, turn: _Turn, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None
+    ) -> tuple[Any, Mapping[str, Any] | None] | Literal["dropped", "start_span"]:
+        """The span context (and the sampler's attributes) ``start_span`` would give a child of
+        ``turn``'s span named ``name``; ``"dropped"`` when the sampler does not sample it,
+        ``"start_span"`` when its attributes are over the limit.
+
+        A sampler that decides a child of a sampled local span on its trace id alone, and passes
+        its attributes through (the SDK's static and ratio samplers, and ``ParentBased`` with one
+        of them for that case, the SDK's default), is asked once per turn: its answer for the
+        first stage is its answer for every other."""
+        parent = turn._span.get_span_context()
+        known = turn._children
+        if known is not None:
+            sampled, trace_state = known
+            kept = attributes
+        else:
+            result = self.sampler.should_sample(turn._parent_context(), parent.trace_id, name, kind, attributes, ())
+            sampled, trace_state, kept = result.decision.is_sampled(), result.trace_state, result.attributes
+            if self.uniform:
+                turn._children = (sampled, trace_state)
+        if not sampled:
+            # The accepted processors export sampled spans only: a span the sampler does not
+            # sample would reach nothing.
+            return "dropped"
+        if self.max_attributes is not None and kept is not None and len(kept) > self.max_attributes:
+            return "start_span"
+        context = trace.SpanContext(
+            parent.trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
+            trace_state=trace_state,
+        )
+        return context, kept
+
+    def emit(
+        self, turn: Any, name: str, kind: SpanKind, context: Any, attributes: Mapping[str, Any] | None, start_ns: int,
+        end_ns: int, error: BaseException | None,
+    ) -> None:
+        """Hand the finished span to the processors."""
+        events: tuple[Any, ...] = ()
+        status = _UNSET
+        if error is not None:
+            events = (self._event("exception", _exception_attributes(error), end_ns),)
+            status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+        self.processor.on_end(
+            self._span_type(
+                name, context=context, parent=turn.get_span_context(), resource=turn.resource, attributes=attributes,
+                events=events, kind=kind, instrumentation_info=self.info, status=status, start_time=start_ns,
+                end_time=end_ns, instrumentation_scope=self.scope,
+            )
+        )
+
+
+_UNSET = Status(StatusCode.UNSET)
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """An ``exception`` event's attributes (OpenTelemetry's semantic conventions), as the SDK's
+    ``Span.record_exception`` writes them for an exception that did not escape the span."""
+    module, name = type(error).__module__, type(error).__qualname__
+    return {
+        "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+        "exception.message": str(error),
+        "exception.stacktrace": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        "exception.escaped": "False",
+    }
+
+
+def _finished_for(tracer: Any) -> _Finished | None:
+    """A :class:`_Finished` for ``tracer`` when it is the SDK's ``Tracer`` exporting through only
+    the SDK's ``BatchSpanProcessor``/``SimpleSpanProcessor``, with no attribute-length limit;
+    ``None`` otherwise (any other SDK, processor or limit: every span through ``start_span``).
+    Reads private attributes of the SDK (its multi-processor's processor list, the tracer's span
+    limits and instrumentation scope, ``ParentBased``'s delegate for a sampled local parent),
+    each checked for the type it must have."""
+    try:
+        from opentelemetry.sdk.trace import (
+            ConcurrentMultiSpanProcessor,
+            Event,
+            ReadableSpan,
+            SpanLimits,
+            SynchronousMultiSpanProcessor,
+        )
+        from opentelemetry.sdk.trace import Tracer as SdkTracer
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import (
+            ParentBased,
+            ParentBasedTraceIdRatio,
+            StaticSampler,
+            TraceIdRatioBased,
+        )
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    except ImportError:  # pragma: no cover - the API without the SDK
+        return None
+    if type(tracer) is not SdkTracer or not hasattr(tracer, "_span_limits"):
+        return None
+    multi = getattr(tracer, "span_processor", None)
+    processors = getattr(multi, "_span_processors", None)
+    limits = getattr(tracer, "_span_limits", None)
+    if (
+        type(multi) not in (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)
+        or not isinstance(processors, tuple)
+        or not processors
+        or any(type(p) not in (BatchSpanProcessor, SimpleSpanProcessor) for p in processors)
+        or not isinstance(limits, SpanLimits)
+        or limits.max_span_attribute_length is not None
+        or limits.max_attribute_length is not None
+        or not isinstance(getattr(tracer, "_instrumentation_scope", None), InstrumentationScope)
+        or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info"))
+    ):
+        return None
+    # A sampler that decides a sampled local span's children on the trace id alone, passing
+    # their attributes through (reads ParentBased's private delegate for that case).
+    decider: Any = tracer.sampler
+    if type(decider) in (ParentBased, ParentBasedTraceIdRatio):
+        decider = getattr(decider, "_local_parent_sampled", None)
+    uniform = type(decider) in (StaticSampler, TraceIdRatioBased)
+    return _Finished(tracer, limits.max_span_attributes, ReadableSpan, Event, uniform)
+
+
 def _record(span: Any, error: BaseException, timestamp: int) -> None:
     span.record_exception(error, timestamp=timestamp)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -99,14 +254,22 @@ class _Turn:
     """A turn's span, started when the turn starts (its trace id and context are needed then),
     and its stages, recorded as it runs and made spans with their own times in one pass when it
     ends, which the pipeline does once the client has the terminal event. Before the answer the
-    SDK makes two spans: the turn's, and the engine stage's when the engine request takes its
-    context (:meth:`inject`); the rest of its work (the other spans, the exporter's queue) comes
-    after. A turn the provider does not record (no SDK, or sampled out) records nothing."""
+    SDK makes the turn's span, and the engine stage's context when the engine request takes it
+    (:meth:`inject`): only a span id and the sampler's word where stage spans are made finished
+    (:class:`_Finished`), a span started through the SDK otherwise; the rest of its work (the
+    spans, the exporter's queue) comes after. A turn the provider does not record (no SDK, or
+    sampled out) records nothing."""
 
-    __slots__ = ("_attributes", "_context", "_ended", "_own", "_span", "_stages", "_trace_id", "_tracer", "recording")
+    __slots__ = (
+        "_attributes", "_children", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer",
+        "recording",
+    )
 
-    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None) -> None:
+    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None, finished: _Finished | None) -> None:
         self._tracer = tracer
+        self._finished = finished
+        #: The sampler's word on the turn's stage spans, where one word holds for all (_Finished.child).
+        self._children: tuple[bool, Any] | None = None
         self._span = span
         self._own = own
         self._context: Any = None
@@ -147,11 +310,19 @@ class _Turn:
     def inject(self, stage: StageSpan) -> dict[str, str]:
         span = self._span
         if isinstance(stage, _Stage) and self._has_span(stage.name):
-            if stage.span is None:  # the request is a child of this stage: its span must exist now
-                stage.span = self._tracer.start_span(
-                    stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
-                )
-            span = stage.span
+            # The request is a child of this stage: its span's context must exist now.
+            if stage.span is None and stage.context is None and self._finished is not None:
+                decided = self._finished.child(self, stage.name, _kind(stage.name), None)
+                if not isinstance(decided, str):  # otherwise: the SDK's span, whatever it decides
+                    stage.context = decided
+            if stage.context is not None:
+                span = trace.NonRecordingSpan(stage.context[0])
+            else:
+                if stage.span is None:
+                    stage.span = self._tracer.start_span(
+                        stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
+                    )
+                span = stage.span
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return carrier
@@ -189,6 +360,21 @@ class _Turn:
                 self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
             return
         span = stage.span
+        finished = self._finished
+        if span is None and finished is not None:
+            kind = _kind(name)
+            if stage.context is not None:
+                context, kept = stage.context
+                attributes = {**kept, **stage.attributes} if kept and stage.attributes else (stage.attributes or kept)
+                finished.emit(self._span, name, kind, context, attributes, stage.start_ns, end_ns, error)
+                return
+            decided = finished.child(self, name, kind, stage.attributes)
+            if decided == "dropped":
+                return
+            if not isinstance(decided, str):
+                context, kept = decided
+                finished.emit(self._span, name, kind, context, kept, stage.start_ns, end_ns, error)
+                return
         if span is None:
             span = self._tracer.start_span(
                 name, context=self._parent_context(), kind=_kind(name), attributes=stage.attributes,
@@ -204,11 +390,13 @@ class _Turn:
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
 
-    A turn costs the SDK two spans on its way to the client's answer (the turn's, and the engine
-    stage's, started when the engine request takes its context); every other stage is two clock
-    reads then, and its span is made with those times once the client has the terminal event
-    (see :class:`_Turn`). A turn that is not recorded (no SDK configured, or sampled out) records
-    nothing.
+    A turn costs the SDK one span on its way to the client's answer (the turn's; and the engine
+    stage's context when its request takes it); every stage is two clock reads then, and its
+    span is made with those times once the client has the terminal event (see :class:`_Turn`).
+    Where the provider exports through only the SDK's batch or simple span processors, a stage's
+    span is made finished, straight to the processors, a third of the SDK's work of starting and
+    ending it (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A
+    turn that is not recorded (no SDK configured, or sampled out) records nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``
@@ -219,11 +407,21 @@ class OpenTelemetryTracer:
     def __init__(self, tracer_provider: Any = None, *, stages: Collection[str] | None = None) -> None:
         self._tracer = trace.get_tracer("responses_cache", _version(), tracer_provider=tracer_provider)
         self._stages = frozenset(stages) if stages is not None else None
+        #: Finished stage spans (:class:`_Finished`), decided again whenever the provider's
+        #: processors change (one may be added after this tracer is made).
+        self._finished: _Finished | None = None
+        self._processors: Any = None
 
     def start_turn(self, carrier: Mapping[str, str], attributes: Mapping[str, AttributeValue]) -> TurnSpan:
         parent = _PROPAGATOR.extract(carrier) if carrier else None
         span = self._tracer.start_span("responses.turn", context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        return _Turn(self._tracer, span, self._stages)
+        processors = getattr(getattr(self._tracer, "span_processor", None), "_span_processors", None)
+        if processors is not self._processors:
+            self._processors, self._finished = processors, _finished_for(self._tracer)
+        finished = self._finished
+        if finished is not None and not span.get_span_context().trace_flags.sampled:
+            finished = None  # recorded, not sampled: its stages through start_span, as the SDK decides
+        return _Turn(self._tracer, span, self._stages, finished)
 
 
 class OpenTelemetryMetrics:
