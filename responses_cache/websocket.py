@@ -58,6 +58,11 @@ from .tracing import trace_headers
 logger = logging.getLogger("responses_cache.websocket")
 _LARGE_FRAME = 64 * 1024
 _CLOSE = b""  # outbound marker: close the socket (encoded events are never empty)
+#: A turn writing frames straight to the socket yields to the event loop after this many: its
+#: writes (into free socket buffers) and its engine's reads (output already buffered) complete
+#: without suspending, and the connection's reader takes the client's next frame (a steer, a
+#: close) only when the turn yields.
+YIELD_EVERY = 64
 
 
 class WebSocketMode:
@@ -386,9 +391,9 @@ class _Connection:
             async with self._writing:
                 await self._write(data)
             # A write into free socket buffers never suspends: yield now and then, so a fast
-            # engine cannot starve the reader (disconnects) or other connections.
+            # engine cannot starve the reader (steers, disconnects) or other connections.
             self._direct += 1
-            if self._direct % 64 == 0:
+            if self._direct % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             return
         self._queued += 1

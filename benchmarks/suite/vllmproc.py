@@ -172,7 +172,8 @@ class VllmProcess:
     ``scale_out``: ``--enable-scale-out`` (the tokens-in route); ``middleware``: environment for
     ``--middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware`` (WebSocket mode
     in-process), or ``None`` for none; ``fast_start``: :data:`FAST_START_ARGS` (for engines
-    that only have to answer, not to be fast)."""
+    that only have to answer, not to be fast); ``pausable``: vLLM's development endpoints
+    (``VLLM_SERVER_DEV_MODE``), for :meth:`pause` and :meth:`resume`."""
 
     def __init__(
         self,
@@ -187,6 +188,7 @@ class VllmProcess:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 300.0,
         fast_start: bool = False,
+        pausable: bool = False,
     ) -> None:
         self.python, self.model, self.served_name = python, model, served_name
         self.scale_out, self.middleware, self.api_key = scale_out, middleware, api_key
@@ -194,6 +196,8 @@ class VllmProcess:
         self.extra_args = [*(FAST_START_ARGS if fast_start else ()), *extra_args]
         self.fast_start = fast_start
         self.env = dict(FAST_START_ENV if fast_start else {})
+        if pausable:
+            self.env["VLLM_SERVER_DEV_MODE"] = "1"
         self.startup_timeout = startup_timeout
         self.port = 0
         self.log = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
@@ -268,6 +272,21 @@ class VllmProcess:
             request.add_header("Authorization", f"Bearer {self.api_key}")
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return str(answer.read().decode())
+
+    def post(self, path: str, *, timeout: float = 10.0) -> str:
+        request = urllib.request.Request(self.url + path, data=b"", method="POST")
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return str(answer.read().decode())
+
+    def pause(self) -> None:
+        """Stop the engine's scheduler, keeping its requests: requests sent meanwhile are accepted
+        (their HTTP answer starts) and wait, unprefilled, until :meth:`resume` (``pausable``)."""
+        self.post("/pause?mode=keep")
+
+    def resume(self) -> None:
+        self.post("/resume")
 
     def metrics(self) -> dict[str, float]:
         """The engine's Prometheus samples, ``name{labels}`` → value (labels without ``engine``

@@ -8,6 +8,9 @@ Two engines, started together once per session:
 * ``stock``: a stock ``vllm serve`` (the tokens-in route answers 403) with the middleware, so
   both modes fall back to ``/v1/completions``.
 
+Both serve vLLM's development endpoints (``pausable``): the steering test pauses the engine's
+scheduler while its client creates and steers the target.
+
 ``target`` runs a test in each mode on each endpoint: ``network`` is ``responses-cache`` in front
 of the engine over HTTP; ``in-process`` is the middleware inside vLLM.
 """
@@ -39,8 +42,10 @@ def tiny_oss(vllm_python: Path) -> Path:
 def engines(vllm_python: Path, tiny_oss: Path) -> Iterator[dict[str, vllmproc.VllmProcess]]:
     middleware = {"RESPONSES_CACHE_MODEL": MODEL}
     started = {
-        "scale_out": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=True, middleware=middleware, api_key=KEY),
-        "stock": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=False, middleware=middleware, api_key=KEY),
+        "scale_out": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=True, middleware=middleware, api_key=KEY,
+                                          pausable=True),
+        "stock": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=False, middleware=middleware, api_key=KEY,
+                                      pausable=True),
     }
     with vllmproc.started(*started.values()):
         yield started
