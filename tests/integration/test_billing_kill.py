@@ -92,15 +92,17 @@ def _load_then_kill(server: ServeProcess, count: int) -> Seen:
     ]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
-    while len(seen.created) < count:
-        assert time.monotonic() < deadline, "load did not get going"
-        assert all(t.is_alive() for t in threads[1:]), f"a client failed: {seen.errors}"
-        time.sleep(0.005)
-    server.kill()
-    stop.set()
-    for t in threads:
-        t.join(10)
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen.created) < count:
+            assert time.monotonic() < deadline, "load did not get going"
+            assert all(t.is_alive() for t in threads[1:]), f"a client failed: {seen.errors}"
+            time.sleep(0.005)
+    finally:
+        server.kill()  # the crash under test, or the end of a failed test: no server outlives it
+        stop.set()
+        for t in threads:
+            t.join(10)
     return seen
 
 
