@@ -95,23 +95,27 @@ def _wait(condition: Callable[[], bool], what: str, engine: VllmProcess, timeout
         time.sleep(0.1)
 
 
-def test_a_client_leaving_mid_stream_aborts_the_engine_request(target: Target) -> None:
-    # max_queue=None: a client that stops reading 16 frames in never reads the server's close
-    # reply (queued behind the deltas) and waits out its 10 s close timeout; the server acts on
-    # the close frame either way.
-    with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, max_queue=None) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on forever.", **ENDLESS}))
-        response_id = ""
-        deltas = 0
-        while deltas < 5:
-            event = json.loads(ws.recv(timeout=60))
-            check_event(event)
-            response_id = response_id or event.get("response", {}).get("id", "")
-            deltas += event["type"] == "response.output_text.delta"
-        assert target.engine.received(response_id), target.engine.tail(12)
-    # The engine aborted the request (3,000 greedy tokens take about ten seconds here) and freed its slot.
-    _wait(lambda: target.engine.aborted(response_id) and target.engine.counters().running == 0, "the engine's abort",
-          target.engine)
+def test_a_client_leaving_mid_response_aborts_the_engine_request(target: Target) -> None:
+    # The engine must still run the request when the client leaves. On 2 shared cores a client
+    # that waits for a few deltas first could not promise that: the process that relays them (this
+    # one, in network mode) went unscheduled for 13 s while vLLM generated, the greedy 3,000
+    # tokens were written by then, and the first deltas reached the client after the engine had
+    # finished. So the engine is paused (its scheduler stopped, requests kept) while the client
+    # creates the response and leaves: the request reached the engine, was never finished, and the
+    # server's close of the engine stream must abort it.
+    target.engine.pause()
+    try:
+        with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
+            ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on forever.", **ENDLESS}))
+            while (event := json.loads(ws.recv(timeout=60)))["type"] != "response.created":
+                check_event(event)
+            response_id = event["response"]["id"]
+            _wait(lambda: target.engine.received(response_id), "the engine's request", target.engine)
+        # The engine aborted the request, paused or not, and freed its slot.
+        _wait(lambda: target.engine.aborted(response_id), "the engine's abort", target.engine)
+    finally:
+        target.engine.resume()
+    _wait(lambda: target.engine.counters().running == 0, "the engine's free slot", target.engine)
 
 
 def test_steering_aborts_the_engine_request_and_the_successor_continues_it(target: Target) -> None:
@@ -136,7 +140,7 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
             if event["type"] == kind:
                 return event
 
-    with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+    with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
         before = target.engine.counters()
         target.engine.pause()
         try:
@@ -156,16 +160,13 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
         expected = (steered["usage"]["input_tokens"] // 32 - 1) * 32
         _wait(lambda: (target.engine.counters() - before).prefix_hits >= expected, "the successor's cache hits",
               target.engine, timeout=10)
-        # The successor inherits the target's settings (greedy, 3,000 tokens, a few seconds here).
-        done = until("response.incomplete")["response"]
-    assert done["id"] == successor["id"] and done["incomplete_details"] == {"reason": "max_output_tokens"}
+        # The engine's request for the target was aborted (it had been prefilled and was sampling:
+        # the engine's first event is what the server stopped it at), the successor's runs on.
+        _wait(lambda: target.engine.aborted(target_id), "the target's abort", target.engine)
+        assert not target.engine.aborted(successor["id"])
+        # (Leaving now ends the successor, which would run its inherited 3,000 tokens.)
     assert steered["id"] == target_id and steered["incomplete_details"] == {"reason": "steered"}
-    assert successor["previous_response_id"] == target_id
-    # The engine's request for the target was aborted (it had been prefilled and was sampling:
-    # the engine's first event is what the server stopped it at), and the successor's prompt
-    # extends the target's: the engine's cache served all of that.
-    _wait(lambda: target.engine.aborted(target_id), "the target's abort", target.engine)
-    assert not target.engine.aborted(successor["id"])
+    assert successor["previous_response_id"] == target_id and successor["status"] == "in_progress"
 
 
 def test_eight_concurrent_connections(target: Target) -> None:
