@@ -64,9 +64,11 @@ class ConnectionLimits:
 _LIMITS = ConnectionLimits()
 _RATE = InputRateLimits()
 #: ``RESPONSES_CACHE_*`` variables that are not ``serve`` settings but are read elsewhere: the
-#: vocabulary directory, a single API key, and the vLLM middleware's configuration.
+#: vocabulary directory, the cache directory and the hf renderer's tiktoken switch, a single API
+#: key, and the vLLM middleware's configuration.
 OTHER_VARIABLES = frozenset(
-    ENV_PREFIX + name for name in ("API_KEY", "VOCAB_DIR", "SALT_KEY", "MODEL", "TEMPLATE", "PATH", "HTTP", "ENDPOINT")
+    ENV_PREFIX + name
+    for name in ("API_KEY", "VOCAB_DIR", "DIR", "HF_FAST", "SALT_KEY", "MODEL", "TEMPLATE", "PATH", "HTTP", "ENDPOINT")
 )
 #: Defaults come from the objects the settings configure (one source for each).
 _SESSION = SessionConfig()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+import responses_cache
 from responses_cache.cli import input_rate_limits, main
 from responses_cache.input_rate import InputRateLimits
 from responses_cache.settings import ServeSettings, SettingsError, load_settings
@@ -132,6 +134,27 @@ def test_an_unknown_variable_stops_the_command_and_errors_name_the_variable() ->
         load_settings(overrides={"port": "eighty"})
     # Variables other parts of the package read are not serve settings, and are not refused.
     assert load_settings(env={"RESPONSES_CACHE_VOCAB_DIR": "/v", "RESPONSES_CACHE_MODEL": "m"}) == ServeSettings()
+
+
+def test_every_variable_the_package_reads_is_a_setting_or_known_to_be_another_components() -> None:
+    # A variable read somewhere in the package (or an adapter) that `serve` would refuse as an
+    # unknown setting makes that feature unusable with `serve`.
+    roots = [Path(responses_cache.__file__).parent, *Path(responses_cache.__file__).parents[1].glob("adapters/*/responses_cache_*")]
+    read = {
+        name
+        for root in roots
+        for source in root.rglob("*.py")
+        for name in re.findall(r"\bRESPONSES_CACHE_[A-Z][A-Z_]*[A-Z]\b", source.read_text())
+    }
+    assert "RESPONSES_CACHE_HF_FAST" in read  # the scan sees what it must
+    refused = set()
+    for name in sorted(read):
+        try:
+            load_settings(env={name: "0"})
+        except SettingsError as exc:
+            if "unknown environment variable" in str(exc):
+                refused.add(name)
+    assert not refused
 
 
 def test_quotas_setting_by_key_tenant_and_default(tmp_path: Path) -> None:
