@@ -13,9 +13,8 @@ from openai import OpenAI
 
 from responses_cache import create_app
 from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
-from responses_cache.tokens import BaseRenderer
+from tests.asgi_turns import MODEL, conversation, post, renderer_of
 
-MODEL = "sim-1"
 TOOLS: list[Any] = [
     {
         "type": "function",
@@ -32,12 +31,6 @@ def _client(server: Any, key: str = "sk-a") -> OpenAI:
 
 def _keys() -> dict[str, str]:
     return {"sk-a": "tenant-a", "sk-b": "tenant-b"}
-
-
-def _renderer(server_app: Any) -> BaseRenderer:
-    renderer = server_app.state.service.core.router.resolve(MODEL, "").renderer
-    assert isinstance(renderer, BaseRenderer)
-    return renderer
 
 
 def _two_turns(client: OpenAI) -> tuple[Any, Any]:
@@ -150,43 +143,24 @@ def test_input_tokens_on_a_message_route_is_refused(responses_cache_server_facto
     assert caught.value.code == "unsupported_value" and caught.value.param == "model"
 
 
-async def _post(app: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        reply = await client.post(path, json={"model": MODEL, **body})
-    assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()
-    return data
-
-
-async def _conversation(app: Any, turns: int) -> str:
-    previous = None
-    for k in range(turns):
-        body: dict[str, Any] = {"input": f"turn {k}: " + "words " * 50}
-        if previous:
-            body["previous_response_id"] = previous
-        previous = (await _post(app, "/v1/responses", body))["id"]
-    assert previous is not None
-    return previous
-
-
 async def _count_work(app: Any, previous: str) -> tuple[int, int]:
-    stats = _renderer(app).stats
+    stats = renderer_of(app).stats
     before = stats.items_rendered
-    counted = await _post(app, "/v1/responses/input_tokens", {"input": "one more", "previous_response_id": previous})
+    counted = await post(app, "/v1/responses/input_tokens", {"input": "one more", "previous_response_id": previous})
     return stats.items_rendered - before, counted["input_tokens"]
 
 
 async def test_counting_after_a_hot_parent_renders_only_the_new_items() -> None:
     app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)))
-    previous = await _conversation(app, 8)
+    previous = await conversation(app, 8)
     work, count = await _count_work(app, previous)
     assert work == 1  # the new message: none of the 8 earlier turns again
-    created = await _post(app, "/v1/responses", {"input": "one more", "previous_response_id": previous})
+    created = await post(app, "/v1/responses", {"input": "one more", "previous_response_id": previous})
     assert count == created["usage"]["input_tokens"]
 
 
 async def test_counting_without_a_cached_parent_renders_the_chain() -> None:
     app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)), hot_cache_bytes=0)
-    previous = await _conversation(app, 8)
+    previous = await conversation(app, 8)
     work, _ = await _count_work(app, previous)
     assert work > 8 * 2

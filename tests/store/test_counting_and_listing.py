@@ -10,35 +10,13 @@ import httpx
 from responses_cache import create_app
 from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
 from responses_cache.redis_store import RedisResponseStore
-from responses_cache.tokens import BaseRenderer
-
-MODEL = "sim-1"
-
-
-async def _post(app: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        reply = await client.post(path, json={"model": MODEL, **body})
-    assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()
-    return data
-
-
-async def _conversation(app: Any, turns: int) -> str:
-    previous = None
-    for k in range(turns):
-        body: dict[str, Any] = {"input": f"turn {k}: " + "words " * 50}
-        if previous:
-            body["previous_response_id"] = previous
-        previous = (await _post(app, "/v1/responses", body))["id"]
-    assert previous is not None
-    return previous
+from tests.asgi_turns import conversation, post, renderer_of
 
 
 async def _count_work(app: Any, previous: str) -> tuple[int, int]:
-    renderer = app.state.service.core.router.resolve(MODEL, "").renderer
-    assert isinstance(renderer, BaseRenderer)
+    renderer = renderer_of(app)
     before = renderer.stats.items_rendered
-    counted = await _post(app, "/v1/responses/input_tokens", {"input": "one more", "previous_response_id": previous})
+    counted = await post(app, "/v1/responses/input_tokens", {"input": "one more", "previous_response_id": previous})
     return renderer.stats.items_rendered - before, counted["input_tokens"]
 
 
@@ -46,10 +24,10 @@ async def test_counting_from_a_snapshot_on_another_process_renders_only_the_new_
     a = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)), store=RedisResponseStore(redis_url), own_store=True)
     b = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)), store=RedisResponseStore(redis_url), own_store=True)
     async with a.router.lifespan_context(a), b.router.lifespan_context(b):
-        previous = await _conversation(a, 6)
+        previous = await conversation(a, 6)
         work, count = await _count_work(b, previous)
         assert work == 1 and b.state.service.core.snapshot_restores == 1
-        created = await _post(a, "/v1/responses", {"input": "one more", "previous_response_id": previous})
+        created = await post(a, "/v1/responses", {"input": "one more", "previous_response_id": previous})
         assert count == created["usage"]["input_tokens"]
         # input items from the Redis store, tenant-scoped like every key there
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=b), base_url="http://t") as client:

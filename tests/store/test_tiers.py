@@ -19,9 +19,7 @@ from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS
 from responses_cache.redis_store import RedisResponseStore
 from responses_cache.state import ResponseState
-from responses_cache.tokens import BaseRenderer
-
-MODEL = "sim-1"
+from tests.asgi_turns import MODEL, conversation, post, renderer_of
 
 
 def _app(**options: Any) -> Any:
@@ -29,42 +27,17 @@ def _app(**options: Any) -> Any:
     return create_app(**options)
 
 
-def _renderer(app: Any) -> BaseRenderer:
-    renderer = app.state.service.core.router.resolve(MODEL, "").renderer
-    assert isinstance(renderer, BaseRenderer)
-    return renderer
-
-
-async def _post(app: Any, body: dict[str, Any]) -> dict[str, Any]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        reply = await client.post("/v1/responses", json={"model": MODEL, **body})
-    assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()
-    return data
-
-
-async def _conversation(app: Any, turns: int) -> str:
-    previous = None
-    for k in range(turns):
-        body: dict[str, Any] = {"input": f"turn {k}: " + "words " * 50}
-        if previous:
-            body["previous_response_id"] = previous
-        previous = (await _post(app, body))["id"]
-    assert previous is not None
-    return previous
-
-
 async def _rendered_by(app: Any, previous: str) -> tuple[int, dict[str, Any]]:
     """Items the renderer tokenized for one more HTTP turn, and the response."""
-    stats = _renderer(app).stats
+    stats = renderer_of(app).stats
     before = stats.items_rendered + stats.items_sampled
-    response = await _post(app, {"input": "one more", "previous_response_id": previous})
+    response = await post(app, "/v1/responses", {"input": "one more", "previous_response_id": previous})
     return stats.items_rendered + stats.items_sampled - before, response
 
 
 async def test_http_continuation_on_the_holding_process_appends() -> None:
     app = _app()
-    previous = await _conversation(app, 8)
+    previous = await conversation(app, 8)
     work, response = await _rendered_by(app, previous)
     # The new user message and the output: nothing of the 8 earlier turns is rendered again.
     assert work == 1 + len(response["output"])
@@ -73,7 +46,7 @@ async def test_http_continuation_on_the_holding_process_appends() -> None:
 
 async def test_without_the_hot_cache_http_renders_the_whole_chain() -> None:
     app = _app(hot_cache_bytes=0)
-    previous = await _conversation(app, 8)
+    previous = await conversation(app, 8)
     work, _ = await _rendered_by(app, previous)
     assert work > 8 * 2  # every earlier item again
     assert app.state.service.core.hydrations == 8
@@ -84,7 +57,7 @@ async def test_another_process_appends_from_the_snapshot_or_renders_in_full(redi
     a = _app(store=RedisResponseStore(redis_url), own_store=True)
     b = _app(store=RedisResponseStore(redis_url), own_store=True, renderer=other_renderer)
     async with a.router.lifespan_context(a), b.router.lifespan_context(b):
-        previous = await _conversation(a, 6)
+        previous = await conversation(a, 6)
         work, response = await _rendered_by(b, previous)
         service = b.state.service.core
         assert service.hydrations == 1 and response["status"] == "completed"
@@ -105,7 +78,7 @@ async def test_a_response_deleted_elsewhere_is_not_continued_from_the_hot_cache(
     a = _app(store=RedisResponseStore(redis_url), own_store=True)
     b = _app(store=RedisResponseStore(redis_url), own_store=True)
     async with a.router.lifespan_context(a), b.router.lifespan_context(b):
-        previous = await _conversation(a, 2)
+        previous = await conversation(a, 2)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=b), base_url="http://t") as client:
             assert (await client.delete(f"/v1/responses/{previous}")).status_code == 200
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://t") as client:
@@ -158,7 +131,7 @@ def test_a_reconnect_to_the_same_process_is_hot(responses_cache_server_factory: 
 
     server = responses_cache_server_factory(backend=SimulatedEngine(SimulatedConfig(instant=True)))
     app = server.app
-    stats = _renderer(app).stats
+    stats = renderer_of(app).stats
 
     def turn(ws: Any, text: str, previous: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {"type": "response.create", "model": MODEL, "input": text, "store": True}
