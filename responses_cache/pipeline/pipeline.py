@@ -600,11 +600,12 @@ class Pipeline:
         durable = self._bill(turn, route, usage, progress.status)
         if durable is None:
             closing.end()
-        state = self._child_state(turn, parent, route, after, admitted, progress, final, truncated)
+        after_input = progress.after_input
+        state = self._child_state(turn, parent, route, after, admitted, progress, after_input, final, truncated)
         if progress.status != "failed":
             tool_cache.remember(turn.tools)  # only a turn that succeeded may fill the shared cache
             if turn.request.store and self.store is not None:
-                await self._store(turn, parent, after, admitted.items, progress, final, state.token_log, span)
+                await self._store(turn, parent, after, admitted.items, progress, after_input, final, state.token_log, span)
         turn.timings["finalize"] = time.perf_counter() - started
         if durable is not None:  # machine durability: the close entry is on disk first
             await durable
@@ -620,6 +621,7 @@ class Pipeline:
         after: Continuation,
         admitted: _Admitted,
         progress: _Progress,
+        after_input: list[Item],
         final: Response,
         truncated: RenderedPrompt | None,
     ) -> ResponseState:
@@ -632,7 +634,6 @@ class Pipeline:
                 route.renderer, rendered.log, out.output[progress.round_start :],
                 progress.finish.token_ids if progress.finish else None,
             )
-        after_input = progress.after_input
         base = progress.base
         own_items: list[Item] = [*admitted.items, *after_input]
         return ResponseState(
@@ -663,6 +664,7 @@ class Pipeline:
         after: Continuation,
         items: list[Item],
         progress: _Progress,
+        after_input: list[Item],
         final: Response,
         log: TokenLog | None,
         span: TurnSpan,
@@ -683,7 +685,6 @@ class Pipeline:
             if rendered.incremental and not turn.reused_items and parent is not None and parent.token_log is not None:
                 since = parent.token_log.num_items
             snapshot = delta(log, since)
-        after_input = progress.after_input
         # A response that took appends is stored with them in its output, where they came, so
         # that a continuation hydrated from the store sees the conversation the model saw.
         # (An automatic compaction's item stays first, where the client saw it.)
@@ -833,7 +834,7 @@ class Pipeline:
             log = (await self._tokenize(turn, after, call)).log
         conversation = after.context.extend(after.items)
         # The summary is a generation like any other: it waits for an engine slot in its tenant's turn.
-        slot = await self.engine_gate.acquire(turn.tenant, turn.request.priority or 0) if self.engine_gate else None
+        slot = await self.engine_gate.acquire(turn.tenant, turn.request.priority or 0) if self.engine_gate is not None else None
         try:
             summary = await self.summarize(turn, route, turn.response_id, conversation, log)
         finally:
