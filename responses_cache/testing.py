@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -494,6 +495,8 @@ class ServeProcess(_Address):
     port: int
     #: The child's stdout and stderr (a file: a chatty server never blocks on a full pipe).
     log: Path
+    #: The log is a temporary file of ours, removed once the child has ended.
+    temporary_log: bool = False
 
     def output(self) -> str:
         """What the child has written so far."""
@@ -509,26 +512,27 @@ class ServeProcess(_Address):
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    output = self.output()
                     self.kill()
-                    raise RuntimeError(f"responses-cache serve did not start:\n{self.output()}") from None
+                    raise RuntimeError(f"responses-cache serve did not start:\n{output}") from None
                 time.sleep(0.05)
 
     def stop(self, timeout: float = 20.0) -> None:
         """A graceful stop (SIGTERM: connections drain, billing flushes); killed after ``timeout``."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-                return
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would end it, and wait for it to be gone."""
+        """SIGKILL (as a crash would end it, unless it has ended already), and wait for it to be
+        gone; a temporary log goes with it."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        if self.temporary_log:
+            self.log.unlink(missing_ok=True)
 
     def __enter__(self) -> ServeProcess:
         return self
@@ -548,6 +552,7 @@ def serve_in_process(
     """Start ``responses-cache serve --host HOST --port <free> *args`` in a child process (this
     Python, ``env`` or this process's environment) and return once it accepts connections
     (``wait=False``: at once; call :meth:`ServeProcess.wait_ready`, to start several together)."""
+    temporary = log is None
     if log is None:
         handle, name = tempfile.mkstemp(prefix="responses-cache-serve-", suffix=".log")
         os.close(handle)
@@ -558,7 +563,7 @@ def serve_in_process(
             [sys.executable, "-m", "responses_cache.cli", "serve", "--host", host, "--port", str(port), *args],
             env=dict(env) if env is not None else None, stdout=out, stderr=subprocess.STDOUT,
         )
-    server = ServeProcess(proc, host, port, log)
+    server = ServeProcess(proc, host, port, log, temporary)
     if wait:
         server.wait_ready(timeout)
     return server
