@@ -12,6 +12,9 @@
   incremental contract: its verdict with carried state equals its verdict on the full history.
 * :func:`serve_in_thread` runs an app under uvicorn in a thread; :func:`serve_in_process` runs
   ``responses-cache serve`` in a child process (for tests that kill it, or share a store).
+* :class:`WebhookReceiver` is a billing webhook on a loopback port that can be told to fail.
+* :func:`steer_mid_answer` steers a response a gated fake engine is streaming, over a WebSocket;
+  :func:`wait_for` waits (with a deadline) for what another thread or process reaches on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -427,6 +430,120 @@ class LogicalClock:
         self.slept.append(seconds)
         self.now += seconds
         await asyncio.sleep(0)  # a real sleep lets others run: so does this one
+
+
+class WebhookReceiver:
+    """A billing webhook (``--billing-webhook``, :class:`~responses_cache.billing.WebhookSink`)
+    on a free loopback port, served from a thread; a context manager that stops it.
+
+    Every POST is kept in :attr:`requests` (headers, parsed body). While :attr:`down`, or for the
+    next :attr:`fail_next` requests, it answers :attr:`fail_status` (with ``Retry-After:``
+    :attr:`retry_after` when set) and counts :attr:`failures`; otherwise it answers 200 and files
+    each record of the batch under its ``response_id`` in :attr:`received` -- every delivery, so
+    that a test can tell a record delivered twice (an acknowledgement lost) from one delivered once.
+    Change the settings under :attr:`lock` when the server is in use."""
+
+    def __init__(self, path: str = "/billing") -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.fail_next = 0
+        self.fail_status = 503
+        self.retry_after: str | None = None
+        self.down = False
+        self.failures = 0
+        self.requests: list[tuple[dict[str, str], Any]] = []
+        self.received: dict[str, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                import json
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with receiver.lock:
+                    receiver.requests.append((dict(self.headers.items()), body))
+                    failing = receiver.down or receiver.fail_next > 0
+                    if failing:
+                        receiver.failures += 1
+                        receiver.fail_next = max(0, receiver.fail_next - 1)
+                    else:
+                        for record in body:
+                            receiver.received.setdefault(str(record["response_id"]), []).append(record)
+                self.send_response(receiver.fail_status if failing else 200)
+                if failing and receiver.retry_after is not None:
+                    self.send_header("Retry-After", receiver.retry_after)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,), daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}{path}"
+
+    def close(self) -> None:
+        """Stop serving and wait for the server's thread."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> WebhookReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Return once ``condition()`` holds, polling; fail with ``what`` after ``timeout`` seconds
+    (a deadline, not a measurement): for state that a server or a fake engine in another thread
+    or process reaches on its own, after the client has seen all it will see."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} (waited {timeout:g} s)")
+        time.sleep(0.01)
+
+
+def steer_mid_answer(
+    ws_url: str, gate: threading.Semaphore, *, model: str, input: str, steer: str, timeout: float = 30.0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Create a response over a new WebSocket, send ``response.steer`` with ``steer`` once its
+    first text delta arrives, and return the terminal ``response`` objects of the target and of
+    its successor. The engine is a fake whose stream for the target is held by ``gate``
+    (:class:`Behaviour` ``gate``): the gate is released once when the steer is accepted, so the
+    steer always lands mid-answer and the engine's next token comes after it. Needs the
+    ``websockets`` package (the ``test`` extra)."""
+    import json
+
+    from websockets.sync.client import connect
+
+    with connect(ws_url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": model, "input": input}))
+        target = None
+        while (event := json.loads(ws.recv(timeout=timeout)))["type"] != "response.output_text.delta":
+            if event["type"] == "response.created":
+                target = event["response"]["id"]
+            elif event["type"] in ("error", "response.failed", "response.completed", "response.incomplete"):
+                raise AssertionError(f"the target ended before its first text delta: {event}")
+        assert target is not None, "no response.created before the first delta"
+        ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": steer}))
+        ends: list[dict[str, Any]] = []
+        while len(ends) < 2:
+            event = json.loads(ws.recv(timeout=timeout))
+            if event["type"] == "response.steer.accepted":
+                gate.release()
+            elif event["type"] == "error":
+                raise AssertionError(f"the steer was refused: {event}")
+            elif event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                ends.append(event["response"])
+    target_end, successor = ends
+    assert target_end["id"] == target, "the target did not end first"
+    return target_end, successor
 
 
 class _Address:

@@ -2,81 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from responses_cache.billing import Biller, WebhookError, WebhookSink
+from responses_cache.testing import WebhookReceiver
 
 from .conftest import ids, make_record
 
 
-@dataclass
-class Receiver:
-    """Server state: fails ``fail_next`` requests with ``fail_status``, then stores records."""
-
-    fail_next: int = 0
-    fail_status: int = 503
-    retry_after: str | None = None
-    down: bool = False
-    requests: list[tuple[dict[str, str], list[dict[str, object]]]] = field(default_factory=list)
-    stored: dict[str, dict[str, object]] = field(default_factory=dict)
-    deliveries: Counter[str] = field(default_factory=Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    url: str = ""
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    state = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with state.lock:
-                state.requests.append((dict(self.headers.items()), body))
-                failing = state.down or state.fail_next > 0
-                if state.fail_next > 0:
-                    state.fail_next -= 1
-                if not failing:
-                    for item in body:  # a receiver that dedupes on each record's id
-                        rid = str(item["response_id"])
-                        state.deliveries[rid] += 1
-                        state.stored.setdefault(rid, item)
-            self.send_response(state.fail_status if failing else 200)
-            if failing and state.retry_after is not None:
-                self.send_header("Retry-After", state.retry_after)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/billing"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as receiver:
+        yield receiver
 
 
 def fast_sink(url: str, **kwargs: object) -> WebhookSink:
     return WebhookSink(url, backoff_initial=0.001, backoff_max=0.01, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_retries_until_success(receiver: Receiver) -> None:
+async def test_retries_until_success(receiver: WebhookReceiver) -> None:
     receiver.fail_next = 3
     sink = fast_sink(receiver.url, max_attempts=5, headers={"Authorization": "Bearer k"})
     batch = [make_record(i) for i in range(4)]
@@ -86,11 +34,11 @@ async def test_retries_until_success(receiver: Receiver) -> None:
     keys = {headers["Idempotency-Key"] for headers, _ in receiver.requests}
     assert keys == {WebhookSink.idempotency_key(batch)}  # stable across retries
     assert all(h["Authorization"] == "Bearer k" for h, _ in receiver.requests)
-    assert receiver.stored.keys() == ids(4)
-    assert receiver.stored["resp_000001"]["previous_response_id"] == "resp_000000"
+    assert receiver.received.keys() == ids(4)
+    assert receiver.received["resp_000001"][0]["previous_response_id"] == "resp_000000"
 
 
-async def test_single_record_key_is_the_response_id(receiver: Receiver) -> None:
+async def test_single_record_key_is_the_response_id(receiver: WebhookReceiver) -> None:
     sink = fast_sink(receiver.url)
     await sink.write([make_record(7)])
     await sink.close()
@@ -101,7 +49,7 @@ async def test_single_record_key_is_the_response_id(receiver: Receiver) -> None:
     ) == WebhookSink.idempotency_key([make_record(2), make_record(1)])
 
 
-async def test_gives_up_after_max_attempts(receiver: Receiver) -> None:
+async def test_gives_up_after_max_attempts(receiver: WebhookReceiver) -> None:
     receiver.down = True
     receiver.retry_after = "0"
     sink = fast_sink(receiver.url, max_attempts=3)
@@ -112,7 +60,7 @@ async def test_gives_up_after_max_attempts(receiver: Receiver) -> None:
     assert len(receiver.requests) == 3
 
 
-async def test_client_errors_are_not_retried(receiver: Receiver) -> None:
+async def test_client_errors_are_not_retried(receiver: WebhookReceiver) -> None:
     receiver.fail_next = 1
     receiver.fail_status = 400
     sink = fast_sink(receiver.url, max_attempts=5)
@@ -136,7 +84,7 @@ async def test_connection_errors_are_retried() -> None:
     await sink.close()
 
 
-async def test_biller_survives_a_long_webhook_outage(receiver: Receiver, tmp_path: Path) -> None:
+async def test_biller_survives_a_long_webhook_outage(receiver: WebhookReceiver, tmp_path: Path) -> None:
     """Down for many batches (each exhausting its retries), then back: every id once."""
     receiver.down = True
     sink = fast_sink(receiver.url, max_attempts=2)
@@ -157,13 +105,13 @@ async def test_biller_survives_a_long_webhook_outage(receiver: Receiver, tmp_pat
         assert biller.pending == 200 and biller.stats().in_memory == 0  # all in the journal
         receiver.down = False
         assert await biller.flush()
-    assert receiver.stored.keys() == ids(200)
-    assert max(receiver.deliveries.values()) == 1
+    assert receiver.received.keys() == ids(200)
+    assert max(len(copies) for copies in receiver.received.values()) == 1
     assert biller.delivered == 200
     assert (tmp_path / "billing.journal").stat().st_size == 0
 
 
-async def test_flaky_webhook_with_biller(receiver: Receiver) -> None:
+async def test_flaky_webhook_with_biller(receiver: WebhookReceiver) -> None:
     """Fails N times then succeeds, within the sink's own retries: nothing waits for a retry."""
     receiver.fail_next = 2
     biller = Biller(fast_sink(receiver.url, max_attempts=4), batch_size=10, flush_interval=0)
@@ -171,7 +119,7 @@ async def test_flaky_webhook_with_biller(receiver: Receiver) -> None:
         for i in range(50):
             biller.submit(make_record(i))
         assert await biller.flush()
-    assert receiver.stored.keys() == ids(50)
+    assert receiver.received.keys() == ids(50)
     assert biller.stats().sink_errors == 0
 
 

@@ -19,14 +19,19 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from websockets.sync.client import connect
 
-from responses_cache.testing import ServeProcess, free_port, serve_in_process
+from responses_cache.testing import (
+    ServeProcess,
+    WebhookReceiver,
+    free_port,
+    serve_in_process,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -133,13 +138,6 @@ def _check(seen: Seen, records: dict[str, list[dict[str, Any]]]) -> None:
     assert recovered > 0  # the kill did cut responses mid-stream, and they were billed
 
 
-def _wait_for(predicate: Any, limit: float = 30) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():
-        assert time.monotonic() < deadline, "records were not delivered after the restart"
-        time.sleep(0.02)
-
-
 def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
     ledger, journal = tmp_path / "usage.jsonl", tmp_path / "billing.journal"
     args = ("--billing-jsonl", str(ledger), "--billing-journal", str(journal))
@@ -155,64 +153,28 @@ def test_sigkill_with_the_sink_up_loses_no_record(tmp_path: Path) -> None:
         return out
 
     with _serve(*args):
-        _wait_for(lambda: seen.created <= set(ledger_records()))
+        wait_for(lambda: seen.created <= set(ledger_records()), "records were not delivered after the restart", 30)
     records = ledger_records()
     assert all(len(v) == 1 for v in records.values())  # the JSONL sink dedupes across restarts
     _check(seen, records)
 
 
-@dataclass
-class Webhook:
-    failing: bool = True
-    received: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    failures: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    url: str = ""
-
-
 @pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    state = Webhook()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with state.lock:
-                if state.failing:
-                    state.failures += 1
-                else:
-                    for record in body:
-                        state.received.setdefault(record["response_id"], []).append(record)
-                status = 503 if state.failing else 200
-            self.send_response(status)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/usage"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def webhook() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver("/usage") as receiver:
+        receiver.down = True  # an outage from the start
+        yield receiver
 
 
-def test_sigkill_during_a_webhook_outage_loses_no_record(tmp_path: Path, webhook: Webhook) -> None:
+def test_sigkill_during_a_webhook_outage_loses_no_record(tmp_path: Path, webhook: WebhookReceiver) -> None:
     journal = tmp_path / "billing.journal"
     args = ("--billing-webhook", webhook.url, "--billing-journal", str(journal))
     seen = _load_then_kill(_serve(*args), 100)
     assert webhook.failures > 0 and not webhook.received  # the outage was real
     with webhook.lock:
-        webhook.failing = False
+        webhook.down = False
     with _serve(*args):
-        _wait_for(lambda: seen.created <= set(webhook.received))
+        wait_for(lambda: seen.created <= set(webhook.received), "records were not delivered after the restart", 30)
     _check(seen, webhook.received)
 
 

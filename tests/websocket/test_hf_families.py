@@ -38,15 +38,7 @@ def test_sdk_tool_loop_in_each_family_format(responses_cache_server_factory: Any
     client = OpenAI(base_url=server.http_url, api_key="sk-local", max_retries=0)
     loop = FamilyLoop(stream_id=None)
     with client, client.responses.connect() as conn:
-        body: dict[str, Any] | None = loop.first()
-        while body is not None:
-            conn.response.create(**body)
-            while True:
-                data = conn.recv_bytes()
-                event = conn.parse_event(data)
-                if loop.on_frame(data, event):
-                    break
-            body = loop.next_request(event)
+        loop.run(conn)
     assert len(loop.responses) == TURNS
     assert server.app.state.metrics.total("cache_hits_total") == TURNS - 1
     # Qwen's template shows the reasoning of the current turn; the others leave it out

@@ -61,6 +61,18 @@ class Loop:
         self.events.append(d)
         return d["type"] in TERMINAL or d["type"] == "error"
 
+    def run(self, conn: Any) -> None:
+        """The whole loop on a sync SDK connection (``client.responses.connect()``)."""
+        body: dict[str, Any] | None = self.first()
+        while body is not None:
+            conn.response.create(**body)
+            while True:
+                data = conn.recv_bytes()
+                event = conn.parse_event(data)
+                if self.on_frame(data, event):
+                    break
+            body = self.next_request(event)
+
     def next_request(self, final: Any) -> dict[str, Any] | None:
         """Check a finished turn and build the next create (``None`` after the last turn)."""
         turn = len(self.responses) + 1
@@ -97,15 +109,7 @@ def test_sync_sdk_runs_a_20_turn_tool_loop(responses_cache_server_factory: Any) 
     client = OpenAI(base_url=server.http_url, api_key="sk-local", max_retries=0)
     loop = Loop(stream_id=None)
     with client, client.responses.connect() as conn:
-        body: dict[str, Any] | None = loop.first()
-        while body is not None:
-            conn.response.create(**body)
-            while True:
-                data = conn.recv_bytes()
-                event = conn.parse_event(data)
-                if loop.on_frame(data, event):
-                    break
-            body = loop.next_request(event)
+        loop.run(conn)
     assert len(loop.responses) == TURNS
     assert server.app.state.metrics.total("cache_hits_total") == TURNS - 1
 

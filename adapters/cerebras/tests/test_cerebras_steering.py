@@ -4,29 +4,16 @@ answer and the steering message."""
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
-
-from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.testing import Behaviour, FakeCerebras
+from responses_cache.testing import Behaviour, FakeCerebras, steer_mid_answer, wait_for
 
 ENC = get_renderer("harmony").encoding
 LONG = "<|channel|>final<|message|>" + "word " * 1500 + "<|return|>"
 SHORT = "<|channel|>final<|message|>Brief.<|return|>"
-
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    """The fake engine runs in the server's thread: wait (with a deadline) until it got there."""
-    deadline = time.monotonic() + 15
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_steer_ends_the_completion_and_the_successor_extends_its_prompt(responses_cache_server_factory: Any) -> None:
@@ -41,26 +28,11 @@ def test_a_steer_ends_the_completion_and_the_successor_extends_its_prompt(respon
     backend = load_backend("cerebras", model="gpt-oss-120b", base_url=url, api_key="csk-test", served_models=["gpt-oss"],
                            warm_tcp_connection=False, max_retries=0)
     server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony"))
-    with connect(server.ws_url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "Write at length."}))
-        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.created":
-            pass
-        target = event["response"]["id"]
-        while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
-            pass
-        ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop; be brief."}))
-        ends: list[dict[str, Any]] = []
-        while len(ends) < 2:
-            event = json.loads(ws.recv(timeout=30))
-            if event["type"] == "response.steer.accepted":
-                gate.release()  # the engine's next token comes after the steer, never before
-            if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
-                ends.append(event["response"])
-    first, second = ends
-    assert first["id"] == target and second["previous_response_id"] == target and second["status"] == "completed"
+    first, second = steer_mid_answer(server.ws_url, gate, model="gpt-oss", input="Write at length.", steer="Stop; be brief.")
+    assert second["previous_response_id"] == first["id"] and second["status"] == "completed"
     assert first["status"] == "incomplete" and first["incomplete_details"] == {"reason": "steered"}
     # The engine's stream for the target was closed before its end; only the successor's finished.
-    _wait(lambda: engine.closed_early == 1, "the steered completion's stream was never closed")
+    wait_for(lambda: engine.closed_early == 1, "the steered completion's stream was never closed")
     assert engine.completed == 1
     one, two = (r.body["prompt"] for r in engine.generation_requests())
     assert two[: len(one)] == one  # appended, not re-rendered

@@ -4,30 +4,17 @@ then the steering message — so the engine's prefix cache covers everything bef
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
-
-from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.testing import Behaviour, FakeVllm
+from responses_cache.testing import Behaviour, FakeVllm, steer_mid_answer, wait_for
 
 HARMONY = get_renderer("harmony")
 ENC = HARMONY.encoding
 LONG = "<|channel|>final<|message|>" + "word " * 1500 + "<|return|>"
 SHORT = "<|channel|>final<|message|>Brief.<|return|>"
-
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    """The fake engine runs in the server's thread: wait (with a deadline) until it got there."""
-    deadline = time.monotonic() + 15
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_steer_aborts_the_engine_request_and_the_successor_extends_its_log(responses_cache_server_factory: Any) -> None:
@@ -41,26 +28,12 @@ def test_a_steer_aborts_the_engine_request_and_the_successor_extends_its_log(res
     url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
     backend = load_backend("vllm", base_urls=[url], model="openai/gpt-oss-20b", served_models=["gpt-oss"], template="harmony")
     server = responses_cache_server_factory(create_app(backend=backend, renderer="harmony"))
-    with connect(server.ws_url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": "gpt-oss", "input": "Write at length."}))
-        events = []
-        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.output_text.delta":
-            events.append(event)
-        target = events[0]["response"]["id"]
-        ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop; one word."}))
-        ends: list[dict[str, Any]] = []
-        while len(ends) < 2:
-            event = json.loads(ws.recv(timeout=30))
-            if event["type"] == "response.steer.accepted":
-                gate.release()  # the engine's next token comes after the steer, never before
-            if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
-                ends.append(event["response"])
-    first, second = ends
-    assert first["id"] == target and second["previous_response_id"] == target
+    first, second = steer_mid_answer(server.ws_url, gate, model="gpt-oss", input="Write at length.", steer="Stop; one word.")
+    assert second["previous_response_id"] == first["id"]
     assert first["status"] == "incomplete" and first["incomplete_details"] == {"reason": "steered"}
     assert second["status"] == "completed"
     # The engine's stream for the target was closed before its end; only the successor's finished.
-    _wait(lambda: engine.closed_early == 1, "the steered request's stream was never closed")
+    wait_for(lambda: engine.closed_early == 1, "the steered request's stream was never closed")
     assert engine.completed == 1
     bodies = [r.body for r in engine.generation_requests()]
     assert len(bodies) == 2
