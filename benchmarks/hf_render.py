@@ -18,9 +18,12 @@ reasoning + call) are timed, each on the log the previous one returned, and repo
   conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn;
   ``engine / hf`` compares it with ``extend`` + ``prompt`` (materializing the prompt ids).
 
-The paths are timed interleaved (hf, harmony, encode, hf-tok, engine, then again), ``--repeat``
-rounds, medians; CPU time of this process (``time.process_time``), so that time the process
-spends waiting for a core on a shared machine is not counted.
+Our paths are timed interleaved (hf, harmony, encode, hf-tok, then again), and so are the
+history sizes of a model (the engine's path, hundreds of times slower, is timed after them): all its histories are built first, then each of the ``--repeat``
+rounds times every size, in a random order (``--seed``), so that the flatness figure (largest over
+smallest history) compares turns timed at the same moments, not minutes apart; medians; CPU time
+of this process (``time.process_time``), so that time the process spends waiting for a core on a
+shared machine is not counted.
 
     python -m benchmarks.hf_render --repeat 7            # every test family, 10k/50k/100k
     python -m benchmarks.hf_render --model ~/models/Qwen3-8B --repeat 7
@@ -31,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import random
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.render_history import FILLER, INSTRUCTIONS, new_turn_for, step
@@ -100,7 +105,7 @@ def cpu(fn: Callable[[], object]) -> float:
     return time.process_time() - t0
 
 
-def measure(
+def one_round(
     r: Any,
     log: TokenLog,
     turns: list[list[Item]],
@@ -108,27 +113,55 @@ def measure(
     h_log: TokenLog,
     h_turns: list[list[Item]],
     texts: list[str],
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    repeat: int,
     slow: Any,
 ) -> dict[str, float]:
-    """Median CPU ms per turn of each path, timed interleaved."""
+    """CPU seconds per turn of each of our paths, once, one after the other."""
     n = len(turns)
+    return {
+        "hf": cpu(lambda: run_turns(r, log, turns)) / n,
+        "harmony": cpu(lambda: run_turns(harmony, h_log, h_turns)) / n,
+        "encode": cpu(lambda: [r._encode(t) for t in texts]) / n,
+        "hf-tok": cpu(lambda: run_turns(slow, log, turns)) / n,
+        "hf+p": cpu(lambda: run_turns(r, log, turns, prompt=True)) / n,
+        "harmony+p": cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n,
+    }
+
+
+def engine_path(tokenizer: Any, messages: list[dict[str, Any]]) -> float:
+    """CPU seconds of the engine's own path: the whole conversation through the template and the
+    tokenizer (timed apart from the rounds above: its allocations, hundreds of times larger,
+    would disturb the per-turn figures they sit between)."""
     tools = chat_tools(TOOLS)
-    cells: dict[str, list[float]] = {k: [] for k in ("hf", "harmony", "encode", "hf-tok", "hf+p", "harmony+p", "engine")}
-    for _ in range(repeat):
-        cells["hf"].append(cpu(lambda: run_turns(r, log, turns)) / n)
-        cells["harmony"].append(cpu(lambda: run_turns(harmony, h_log, h_turns)) / n)
-        cells["encode"].append(cpu(lambda: [r._encode(t) for t in texts]) / n)
-        cells["hf-tok"].append(cpu(lambda: run_turns(slow, log, turns)) / n)
-        cells["hf+p"].append(cpu(lambda: run_turns(r, log, turns, prompt=True)) / n)
-        cells["harmony+p"].append(cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n)
-        if tokenizer is not None:
-            cells["engine"].append(cpu(lambda: tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-            )))
-    return {k: statistics.median(v) * 1e3 if v else float("nan") for k, v in cells.items()}
+    return cpu(lambda: tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@dataclass
+class Case:
+    """One history size of one model: its logs, the turns timed after them, and the texts they add."""
+
+    log: TokenLog
+    turns: list[list[Item]]
+    h_log: TokenLog
+    h_turns: list[list[Item]]
+    texts: list[str]
+    messages: list[dict[str, Any]]
+    runs: float
+    rounds: dict[str, list[float]] = field(default_factory=dict)
+
+    def median_ms(self) -> dict[str, float]:
+        return {k: statistics.median(v) * 1e3 for k, v in self.rounds.items()}
+
+
+def prepare(r: Any, harmony: Any, size: int, n: int) -> Case:
+    items, log = history(r, TOOLS, size)
+    turns = turns_after(items, n)
+    h_items, h_log = history(harmony, TOOLS, size)
+    texts = added_texts(r, run_turns(r, log, turns), n)
+    runs0 = r.stats.template_runs
+    run_turns(r, log, turns)
+    runs = (r.stats.template_runs - runs0) / n
+    messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
+    return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs)
 
 
 def main() -> None:
@@ -136,9 +169,10 @@ def main() -> None:
     ap.add_argument("--model", action="append", help="a model directory (default: the test families)")
     ap.add_argument("--sizes", default="10000,50000,100000")
     ap.add_argument("--repeat", type=int, default=5, help="timed rounds per cell (median)")
-    ap.add_argument("--turns", type=int, default=6, help="consecutive turns per round")
+    ap.add_argument("--turns", type=int, default=24, help="consecutive turns per round")
     ap.add_argument("--window", type=int, default=8, help="the hf renderer's window (0: none)")
     ap.add_argument("--no-engine", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--seed", type=int, default=0, help="the order of the sizes in each round")
     args = ap.parse_args()
     models: dict[str, pathlib.Path] = {}
     if args.model:
@@ -150,8 +184,9 @@ def main() -> None:
         models = {f: build_tokenizer_dir(f, root / f) for f in FAMILIES if available(f)}
     harmony = get_renderer("harmony")
     sizes = [int(s) for s in args.sizes.split(",")]
+    order = random.Random(args.seed)
     n = args.turns
-    print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms\n")
+    print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms; the sizes of a model interleaved\n")
     print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} "
           f"{'hf-tok':>6} {'tok/harm':>8} {'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
     for name, path in models.items():
@@ -162,26 +197,27 @@ def main() -> None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-        per_size = []
-        for size in sizes:
-            items, log = history(r, TOOLS, size)
-            turns = turns_after(items, n)
-            h_items, h_log = history(harmony, TOOLS, size)
-            h_turns = turns_after(h_items, n)
-            texts = added_texts(r, run_turns(r, log, turns), n)
-            runs0 = r.stats.template_runs
-            run_turns(r, log, turns)
-            runs = (r.stats.template_runs - runs0) / n
-            messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
-            med = measure(r, log, turns, harmony, h_log, h_turns, texts, tokenizer, messages, args.repeat, slow)
+        cases = {size: prepare(r, harmony, size, n) for size in sizes}
+        for _ in range(args.repeat):  # every size in each round, in a random order: the box's drift hits all alike
+            for size in order.sample(sizes, len(sizes)):
+                case = cases[size]
+                cells = one_round(r, case.log, case.turns, harmony, case.h_log, case.h_turns, case.texts, slow)
+                for key, value in cells.items():
+                    case.rounds.setdefault(key, []).append(value)
+        if tokenizer is not None:
+            for case in cases.values():
+                case.rounds["engine"] = [engine_path(tokenizer, case.messages) for _ in range(args.repeat)]
+        for case in cases.values():
+            med = case.median_ms()
             engine = f"{med['engine']:8.2f}" if tokenizer is not None else ""
             ratio = f"{med['engine'] / med['hf+p']:8.0f}x" if tokenizer is not None else ""
-            per_size.append(med["hf"])
-            print(f"{name:11} {log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
+            print(f"{name:11} {case.log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
                   f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x "
                   f"{med['hf-tok']:6.3f} {med['hf-tok'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
-                  f"{engine:>8} {ratio:>9} {runs:9.2f}")
-        print(f"{name:11} flatness (hf at the largest / smallest history): {per_size[-1] / per_size[0]:.2f}")
+                  f"{engine:>8} {ratio:>9} {case.runs:9.2f}")
+        small, large = cases[sizes[0]].median_ms(), cases[sizes[-1]].median_ms()
+        print(f"{name:11} flatness (largest / smallest history): hf {large['hf'] / small['hf']:.2f}, "
+              f"harmony {large['harmony'] / small['harmony']:.2f}")
 
 
 if __name__ == "__main__":
