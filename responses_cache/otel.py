@@ -532,13 +532,13 @@ _INVALID = trace.INVALID_SPAN_CONTEXT
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
 
-    A turn costs the SDK one span on its way to the client's answer (the turn's; and the engine
-    stage's context when its request takes it); every stage is two clock reads then, and its
-    span is made with those times once the client has the terminal event (see :class:`_Turn`).
-    Where the provider exports through only the SDK's batch or simple span processors, a stage's
-    span is made finished, straight to the processors, a third of the SDK's work of starting and
-    ending it (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A
-    turn that is not recorded (no SDK configured, or sampled out) records nothing.
+    Before the client's answer a turn costs the SDK its span's context (and the engine stage's,
+    when its request takes it); every stage is two clock reads then, and the spans are made with
+    those times once the client has the terminal event (see :class:`_Turn`). Where the provider
+    exports through only the SDK's batch or simple span processors, spans are made finished,
+    straight to the processors, a third of the SDK's work of starting and ending them
+    (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A turn that is
+    not recorded (no SDK configured, or sampled out) records nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``

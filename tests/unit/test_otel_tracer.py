@@ -1,8 +1,9 @@
 """The OpenTelemetry tracer on its own: what it makes of a turn, and when.
 
-Before a turn ends the SDK makes two spans: the turn's own when it starts, the engine stage's
-when the engine request takes its trace context; every other stage's span is made when the turn
-ends, with the times the stage ran. The SDK's in-memory exporter reads them back; a span processor that logs starts
+With a processor of the user's behind the provider (every span through ``start_span``), before a
+turn ends the SDK makes two spans: the turn's own when it starts, the engine stage's when the
+engine request takes its trace context; every other stage's span is made when the turn ends,
+with the times the stage ran (with only the SDK's own processors, spans are made finished: below). The SDK's in-memory exporter reads them back; a span processor that logs starts
 counts the SDK's work.
 """
 
@@ -181,12 +182,13 @@ def test_an_ended_turn_lets_go_of_its_stages() -> None:
     assert [s.name for s in exporter.get_finished_spans()] == ["validate", "responses.turn"]
 
 
-# -- stage spans made finished ------------------------------------------------------------------
+# -- spans made finished ------------------------------------------------------------------------
 #
 # With only the SDK's batch or simple processors behind the provider, every stage becomes a
 # finished span handed straight to the processors (no ``start_span``; the engine's context is
-# decided when its request needs it); with any other processor every span goes through
-# ``start_span``. Both must export the same spans.
+# decided when its request needs it), and so does the turn's own under the SDK's own samplers
+# (its context decided when it starts); with any other processor every span goes through
+# ``start_span``. Both must export the same spans, field by field.
 
 
 class NoOp(SpanProcessor):
