@@ -46,7 +46,9 @@ every ``--scrape-every`` seconds (zero-latency engine only) for :mod:`benchmarks
     python -m benchmarks.tracing_overhead --engine zero --modes sdk,sdk-start-span --turns 2560 --blocks 40 --json out.json
 
 ``--turns`` is the number of turns per server in all (split over the blocks), as it was before
-blocks and bursts (then one turn per server per round).
+blocks and bursts (then one turn per server per round). ``--before DIR`` (a checkout of an earlier
+commit, e.g. ``git archive HEAD~1 | tar -x -C DIR``) adds modes ``MODE-before``: that tree's
+``MODE`` server, measured side by side with this tree's in the same blocks.
 
 Needs the ``bench`` extra (the OpenTelemetry SDK and OTLP encoding).
 """
@@ -75,6 +77,8 @@ from benchmarks.suite.workload import code_text
 MODES = ("off", "api", "sdk", "sdk-start-span", "sdk-no-export", "sdk+metrics", "sdk-sampled", "sdk-lean")
 #: The A/A control: a second untraced server, in every block.
 CONTROL = "off-again"
+#: A mode served from the ``--before`` checkout (``sdk-before``: that tree's ``sdk``).
+BEFORE = "-before"
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -159,15 +163,17 @@ def _sdk(sampled: bool = False, start_span: bool = False, encode: bool = True) -
 
 
 class Server:
-    """A server process (``start``), then its port (``ready``): a block's servers start together."""
+    """A server process (``start``), then its port (``ready``): a block's servers start together.
+    ``root``: the source tree it runs (``--before``: another checkout's), this one's by default."""
 
-    def __init__(self, mode: str, engine: str, tokens_per_s: float) -> None:
-        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+    def __init__(self, mode: str, engine: str, tokens_per_s: float, root: Path = _ROOT) -> None:
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         self.mode = mode
         self.port = 0
+        served = mode.removesuffix(BEFORE)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.tracing_overhead", "--serve", mode, "--engine", engine, "--tokens-per-s", str(tokens_per_s)],
-            stdout=subprocess.PIPE, text=True, env=env,
+            [sys.executable, "-m", "benchmarks.tracing_overhead", "--serve", served, "--engine", engine, "--tokens-per-s", str(tokens_per_s)],
+            stdout=subprocess.PIPE, text=True, env=env, cwd=root,
         )
 
     def ready(self) -> Server:
@@ -329,7 +335,9 @@ def _block(
     modes: list[str], engine: str, args: argparse.Namespace, rounds: int, scrape: Path | None, seed: int
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """One block: fresh server processes, ``rounds`` rounds; per-turn times and CPU per turn."""
-    servers = [Server(mode, engine, args.tokens_per_s) for mode in modes]
+    servers = [
+        Server(mode, engine, args.tokens_per_s, args.before if mode.endswith(BEFORE) else _ROOT) for mode in modes
+    ]
     try:
         for server in servers:
             server.ready()
@@ -358,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape", type=Path, help="save the sdk server's /metrics here during the run")
     parser.add_argument("--scrape-every", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--before", type=Path,
+        help="a checkout of an earlier commit (git archive or worktree): MODE-before in --modes runs its MODE server, side by side",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         _serve(args.serve, args.engine, args.tokens_per_s)
@@ -367,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the tracing seam, nothing configured: {results['seam_ns_per_turn']:.0f} ns per turn", file=sys.stderr)
     rounds = max(2, args.turns // (max(1, args.blocks) * max(1, args.burst)))
     for engine in ("zero", "real") if args.engine == "both" else (args.engine,):
-        modes = ["off", CONTROL, *(m for m in dict.fromkeys(args.modes.split(",")) if m in MODES and m != "off")]
+        wanted = dict.fromkeys(args.modes.split(","))
+        modes = ["off", CONTROL, *(m for m in wanted if m.removesuffix(BEFORE) in MODES and m != "off" and (args.before or m in MODES))]
         scrape = args.scrape if engine == "zero" else None
         if scrape is not None:
             scrape.mkdir(parents=True, exist_ok=True)

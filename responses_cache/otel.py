@@ -16,7 +16,7 @@ with only ``opentelemetry-api`` installed and no SDK configured, they record not
 from __future__ import annotations
 
 import traceback
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from time import time_ns
 from types import TracebackType
 from typing import Any, Literal
@@ -91,37 +91,93 @@ class _Stage:
 
 
 class _Finished:
-    """Stage spans made finished: when a turn ends, each stage becomes an SDK
-    ``ReadableSpan`` with its recorded times, handed straight to the provider's span processor,
-    instead of a span started and ended through ``Tracer.start_span`` (which builds a mutable
-    span, its bounded attribute and event lists, their locks, and a second, read-only copy for
-    the processors: about three times the work, and more objects for the garbage collector while
-    the spans wait in an export queue).
+    """Spans made finished: when a turn ends, its span and each stage's become an SDK
+    ``ReadableSpan`` with their recorded times, handed straight to the provider's span
+    processors, instead of spans started and ended through ``Tracer.start_span`` (which builds a
+    mutable span, its bounded attribute and event lists, their locks, and a second, read-only
+    copy for the processors: about three times the work, and more objects for the garbage
+    collector while the spans wait in an export queue).
 
-    The span is what ``start_span`` would make of a child of the turn's span: the sampler is
-    asked (a span it does not sample is not made), the span id comes from the tracer's id
-    generator, the trace flags and resource and instrumentation scope are the turn span's, a
-    failed stage has the ``exception`` event and error status ``record_exception`` and
-    ``set_status`` give. The engine stage's context is decided when its request needs it
-    (:meth:`_Turn.inject`), its span made with the others. What this skips, and why that is
-    safe, decides where it is used (:func:`_finished_for`): processors' ``on_start`` (only the
-    SDK's batch and simple processors are accepted, whose ``on_start`` does nothing), attribute
-    limits (only no value-length limit, and counts under the limit, are accepted), and the SDK's
-    own span-count metrics (for stage spans only). The turn's own span goes through
-    ``start_span``."""
+    A span is what ``start_span`` would make: the sampler is asked (a span it does not sample is
+    not made: the accepted processors export sampled spans only), the ids come from the
+    tracer's id generator, the trace flags, trace state, resource and instrumentation scope are
+    what ``start_span`` gives, a failed span has the ``exception`` event and error status
+    ``record_exception`` and ``set_status`` give. The turn's span context is decided when the
+    turn starts (:meth:`open`: its trace id goes on log lines), the engine stage's when its
+    request needs it (:meth:`_Turn.inject`); the spans are made when the turn ends. What this
+    skips, and why that is safe, decides where it is used (:func:`_finished_for`): processors'
+    ``on_start`` (only the SDK's batch and simple processors are accepted, whose ``on_start``
+    does nothing), attribute value-length limits (only where none is set), and the SDK's own
+    span-count metrics for stage spans (the turn's are kept)."""
 
-    __slots__ = ("_event", "_span_type", "ids", "info", "max_attributes", "processor", "sampler", "scope", "uniform")
+    __slots__ = (
+        "_attributes_type", "_event", "_events_type", "_span_type", "ids", "info", "limits", "max_attributes", "processor",
+        "processors", "sampler", "scope", "static", "tracer", "uniform",
+    )
 
-    def __init__(self, tracer: Any, max_attributes: int | None, span_type: Any, event: Any, uniform: bool) -> None:
+    def __init__(
+        self, tracer: Any, limits: Any, types: tuple[Any, Any, Any, Any], uniform: bool, static: Any = None,
+    ) -> None:
+        self.tracer = tracer
         self.sampler = tracer.sampler
         self.ids = tracer.id_generator
         self.processor = tracer.span_processor
+        #: The SDK's batch and simple processors themselves (checked in _finished_for): a finished
+        #: span goes to each as the multi-processor would hand it on.
+        self.processors: tuple[Any, ...] = self.processor._span_processors
         self.info = tracer.instrumentation_info
         self.scope = tracer._instrumentation_scope  # checked in _finished_for
-        self.max_attributes = max_attributes
-        self._span_type = span_type
-        self._event = event
+        self.limits = limits
+        self.max_attributes: int | None = limits.max_span_attributes
+        self._span_type, self._event, self._attributes_type, self._events_type = types
+        #: The sampler decides a sampled local span's children on the trace id alone (asked
+        #: once per turn); the turn's own span is made finished only then (another sampler
+        #: may look at the parent span it is given, which must then be the SDK's).
         self.uniform = uniform
+        #: The decision of a static sampler deciding those children (``ALWAYS_ON`` under the
+        #: SDK's default ``ParentBased``): it is its answer for every child, with the parent's
+        #: trace state, so the turn's stages need not ask it.
+        self.static = static
+
+    def open(
+        self, context: Any, attributes: Mapping[str, AttributeValue]
+    ) -> tuple[Any, _Opened | None, Callable[[], None] | None] | None:
+        """The turn's span as ``start_span("responses.turn", context, SERVER, attributes)``
+        would start it: a span that carries its span context, what the span made when the turn
+        ends needs of its start (``None`` when the sampler does not sample it), and the end of
+        the SDK's span-count metric (``None`` where the SDK has none); ``None`` where the tracer
+        is disabled (the SDK's tracer configurator), left to ``start_span``."""
+        tracer = self.tracer
+        enabled = getattr(tracer, "_is_enabled", None)
+        if enabled is not None and not enabled():
+            return None
+        parent: Any = trace.get_current_span(context).get_span_context()
+        if not isinstance(parent, trace.SpanContext):
+            return None  # start_span's TypeError
+        if parent.is_valid:
+            trace_id = parent.trace_id
+        else:
+            parent, trace_id = None, self.ids.generate_trace_id()
+        result = self.sampler.should_sample(context, trace_id, _TURN, SpanKind.SERVER, attributes, ())
+        decision = result.decision
+        flags = _SAMPLED if decision.is_sampled() else 0
+        if _RANDOM_TRACE_ID and (
+            parent.trace_flags.random_trace_id if parent is not None else getattr(self.ids, "is_trace_id_random", _no)()
+        ):
+            flags |= _RANDOM_TRACE_ID
+        span_context = trace.SpanContext(
+            trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=trace.TraceFlags(flags),
+            trace_state=result.trace_state,
+        )
+        metrics = getattr(tracer, "_tracer_metrics", None)
+        on_end = metrics.start_span(parent, decision) if metrics is not None else None
+        span = trace.NonRecordingSpan(span_context)
+        if not flags & _SAMPLED:
+            # Recorded or not, a span the sampler does not sample reaches none of the accepted
+            # processors: the turn records nothing, as an unsampled one does.
+            return span, None, on_end
+        return span, (parent, tracer.resource, time_ns(), dict(result.attributes)), on_end
+
     def child(
         self, turn: _Turn, name: str, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None
     ) -> tuple[Any, Mapping[str, Any] | None] | Literal["dropped", "start_span"]:
@@ -135,6 +191,8 @@ class _Finished:
         first stage is its answer for every other."""
         parent = turn._span.get_span_context()
         known = turn._children
+        if known is None and self.static is not None:
+            known = turn._children = (self.static.is_sampled(), parent.trace_state)
         if known is not None:
             sampled, trace_state = known
             kept = attributes
@@ -143,6 +201,7 @@ class _Finished:
             sampled, trace_state, kept = result.decision.is_sampled(), result.trace_state, result.attributes
             if self.uniform:
                 turn._children = (sampled, trace_state)
+        span_id = self.ids.generate_span_id()  # drawn whatever the decision, as start_span does
         if not sampled:
             # The accepted processors export sampled spans only: a span the sampler does not
             # sample would reach nothing.
@@ -150,28 +209,49 @@ class _Finished:
         if self.max_attributes is not None and kept is not None and len(kept) > self.max_attributes:
             return "start_span"
         context = trace.SpanContext(
-            parent.trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
-            trace_state=trace_state,
+            parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags, trace_state=trace_state
         )
         return context, kept
 
+    def event(self, attributes: dict[str, str], timestamp: int) -> Any:
+        """An ``exception`` event as ``Span.add_event`` makes it (its attributes bounded only
+        where a limit cuts them)."""
+        limit = self.limits.max_event_attributes
+        if limit is not None and len(attributes) > limit:
+            return self._event("exception", self._attributes_type(limit, attributes, immutable=True), timestamp)
+        return self._event("exception", attributes, timestamp)
+
     def emit(
-        self, turn: Any, name: str, kind: SpanKind, context: Any, attributes: Mapping[str, Any] | None, start_ns: int,
-        end_ns: int, error: BaseException | None,
+        self, parent: Any, resource: Any, name: str, kind: SpanKind, context: Any, attributes: Mapping[str, Any] | None,
+        start_ns: int, end_ns: int, error: BaseException | None, events: tuple[Any, ...] = (),
+        status: Status | None = None,
     ) -> None:
         """Hand the finished span to the processors."""
-        events: tuple[Any, ...] = ()
-        status = _UNSET
         if error is not None:
-            events = (self._event("exception", _exception_attributes(error), end_ns),)
+            events = (*events, self.event(_exception_attributes(error), end_ns))
             status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
-        self.processor.on_end(
-            self._span_type(
-                name, context=context, parent=turn.get_span_context(), resource=turn.resource, attributes=attributes,
-                events=events, kind=kind, instrumentation_info=self.info, status=status, start_time=start_ns,
-                end_time=end_ns, instrumentation_scope=self.scope,
-            )
+        limit = self.limits.max_events
+        if limit is not None and len(events) > limit:
+            bounded = self._events_type(limit)
+            bounded.extend(events)
+            events = bounded
+        span = self._span_type(
+            name, context=context, parent=parent, resource=resource, attributes=attributes, events=events, kind=kind,
+            instrumentation_info=self.info, status=status or _UNSET, start_time=start_ns, end_time=end_ns,
+            instrumentation_scope=self.scope,
         )
+        for processor in self.processors:
+            processor.on_end(span)
+
+
+_TURN = "responses.turn"
+_SAMPLED: int = trace.TraceFlags.SAMPLED
+#: W3C trace context level 2's random-trace-id flag, where the SDK sets it (newer SDKs).
+_RANDOM_TRACE_ID: int = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
+
+
+def _no() -> bool:
+    return False
 
 
 _UNSET = Status(StatusCode.UNSET)
@@ -195,8 +275,10 @@ def _finished_for(tracer: Any) -> _Finished | None:
     ``None`` otherwise (any other SDK, processor or limit: every span through ``start_span``).
     Reads private attributes of the SDK (its multi-processor's processor list, the tracer's span
     limits and instrumentation scope, ``ParentBased``'s delegate for a sampled local parent),
-    each checked for the type it must have."""
+    each checked for the type it must have; and, where they are there, the tracer's
+    ``_is_enabled`` and ``_tracer_metrics`` (newer SDKs), as ``start_span`` does."""
     try:
+        from opentelemetry.attributes import BoundedAttributes
         from opentelemetry.sdk.trace import (
             ConcurrentMultiSpanProcessor,
             Event,
@@ -207,11 +289,13 @@ def _finished_for(tracer: Any) -> _Finished | None:
         from opentelemetry.sdk.trace import Tracer as SdkTracer
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
         from opentelemetry.sdk.trace.sampling import (
+            Decision,
             ParentBased,
             ParentBasedTraceIdRatio,
             StaticSampler,
             TraceIdRatioBased,
         )
+        from opentelemetry.sdk.util import BoundedList
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     except ImportError:  # pragma: no cover - the API without the SDK
         return None
@@ -229,7 +313,7 @@ def _finished_for(tracer: Any) -> _Finished | None:
         or limits.max_span_attribute_length is not None
         or limits.max_attribute_length is not None
         or not isinstance(getattr(tracer, "_instrumentation_scope", None), InstrumentationScope)
-        or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info"))
+        or not all(hasattr(tracer, a) for a in ("sampler", "id_generator", "instrumentation_info", "resource"))
     ):
         return None
     # A sampler that decides a sampled local span's children on the trace id alone, passing
@@ -238,7 +322,10 @@ def _finished_for(tracer: Any) -> _Finished | None:
     if type(decider) in (ParentBased, ParentBasedTraceIdRatio):
         decider = getattr(decider, "_local_parent_sampled", None)
     uniform = type(decider) in (StaticSampler, TraceIdRatioBased)
-    return _Finished(tracer, limits.max_span_attributes, ReadableSpan, Event, uniform)
+    static = getattr(decider, "_decision", None) if type(decider) is StaticSampler else None
+    if static is not None and not isinstance(static, Decision):
+        static = None
+    return _Finished(tracer, limits, (ReadableSpan, Event, BoundedAttributes, BoundedList), uniform, static)
 
 
 def _record(span: Any, error: BaseException, timestamp: int) -> None:
@@ -253,19 +340,22 @@ def _kind(name: str) -> SpanKind:
 class _Turn:
     """A turn's span, started when the turn starts (its trace id and context are needed then),
     and its stages, recorded as it runs and made spans with their own times in one pass when it
-    ends, which the pipeline does once the client has the terminal event. Before the answer the
-    SDK makes the turn's span, and the engine stage's context when the engine request takes it
-    (:meth:`inject`): only a span id and the sampler's word where stage spans are made finished
-    (:class:`_Finished`), a span started through the SDK otherwise; the rest of its work (the
-    spans, the exporter's queue) comes after. A turn the provider does not record (no SDK, or
-    sampled out) records nothing."""
+    ends, which the pipeline does once the client has the terminal event. Where spans are made
+    finished (:class:`_Finished`), all the turn's span needs before the answer is its span
+    context and the sampler's word (:meth:`_Finished.open`), and the engine stage's context when
+    the engine request takes it (:meth:`inject`); otherwise the SDK starts the turn's span then,
+    and the engine stage's. Everything else (the spans, the exporter's queue) comes after. A
+    turn the provider does not record (no SDK, or sampled out) records nothing."""
 
     __slots__ = (
-        "_attributes", "_children", "_context", "_ended", "_finished", "_own", "_span", "_stages", "_trace_id", "_tracer",
-        "recording",
+        "_attributes", "_children", "_context", "_ended", "_events", "_finished", "_on_end", "_opened", "_own", "_span",
+        "_stages", "_trace_id", "_tracer", "recording",
     )
 
-    def __init__(self, tracer: Any, span: Any, own: frozenset[str] | None, finished: _Finished | None) -> None:
+    def __init__(
+        self, tracer: Any, span: Any, own: frozenset[str] | None, finished: _Finished | None,
+        opened: _Opened | None = None, on_end: Callable[[], None] | None = None,
+    ) -> None:
         self._tracer = tracer
         self._finished = finished
         #: The sampler's word on the turn's stage spans, where one word holds for all (_Finished.child).
@@ -277,7 +367,12 @@ class _Turn:
         self._ended = False
         self._stages: list[_Stage] = []
         self._attributes: dict[str, AttributeValue] = {}
-        self.recording: bool = span.is_recording()
+        #: A turn span made finished: what ``start_span`` would have kept of its start; its
+        #: exception events (failed stages without a span of their own); the SDK's metric's end.
+        self._opened = opened
+        self._events: list[Any] = []
+        self._on_end = on_end
+        self.recording: bool = opened is not None or span.is_recording()
 
     @property
     def trace_id(self) -> str:
@@ -316,16 +411,13 @@ class _Turn:
                 if not isinstance(decided, str):  # otherwise: the SDK's span, whatever it decides
                     stage.context = decided
             if stage.context is not None:
-                span = trace.NonRecordingSpan(stage.context[0])
-            else:
-                if stage.span is None:
-                    stage.span = self._tracer.start_span(
-                        stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
-                    )
-                span = stage.span
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        return carrier
+                return _carrier(stage.context[0])
+            if stage.span is None:
+                stage.span = self._tracer.start_span(
+                    stage.name, context=self._parent_context(), kind=_kind(stage.name), start_time=stage.start_ns
+                )
+            span = stage.span
+        return _carrier(span.get_span_context())
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         if self._ended:
@@ -338,16 +430,41 @@ class _Turn:
             for stage in self._stages:
                 self._emit(stage, end_ns)
             attributes["responses_cache.status"] = status
-            span.set_attributes(attributes)
-        if error is not None:
-            _record(span, error, end_ns)
-        elif status in _FAILED:
-            span.set_status(Status(StatusCode.ERROR, status))
-        span.end(end_time=end_ns)
+            if self._opened is None:
+                span.set_attributes(attributes)
+        if self._on_end is not None:
+            self._on_end()  # the SDK's span-count metric, as Span.end records it
+        if self._opened is not None:
+            self._end_finished(status, error, end_ns)
+        else:
+            if error is not None:
+                _record(span, error, end_ns)
+            elif status in _FAILED:
+                span.set_status(Status(StatusCode.ERROR, status))
+            span.end(end_time=end_ns)
         # The turn object outlives its end (in the connection's bookkeeping, in a log line's
         # lookup of the trace id): keep the trace id, let the stages (their errors) go.
         self._trace_id = self.trace_id
-        self._stages, self._attributes, self._context = [], {}, None
+        self._stages, self._attributes, self._context, self._events, self._opened = [], {}, None, [], None
+
+    def _end_finished(self, status: str, error: BaseException | None, end_ns: int) -> None:
+        """The turn's span made finished, as ``start_span`` and ``end`` would have made it."""
+        assert self._opened is not None and self._finished is not None
+        parent, resource, start_ns, started = self._opened
+        finished = self._finished
+        later = self._attributes
+        attributes: Mapping[str, Any] = {**started, **later}
+        limit = finished.max_attributes
+        if limit is not None and len(attributes) > limit:  # the oldest dropped, as the SDK's span does
+            bounded = finished._attributes_type(limit, started, immutable=False)
+            for key, value in later.items():
+                bounded[key] = value
+            attributes = bounded
+        failed = Status(StatusCode.ERROR, status) if error is None and status in _FAILED else None
+        finished.emit(
+            parent, resource, _TURN, SpanKind.SERVER, self._span.get_span_context(), attributes, start_ns, end_ns,
+            error, tuple(self._events), failed,
+        )
 
     def _emit(self, stage: _Stage, turn_end_ns: int) -> None:
         """The stage as a span with its own times (a stage still open ends with its turn), or,
@@ -357,23 +474,29 @@ class _Turn:
             key = f"responses_cache.stage_ms.{name.replace(' ', '.')}"
             self._attributes[key] = round((end_ns - stage.start_ns) / 1e6, 3)
             if error is not None:
-                self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
+                if self._opened is not None and self._finished is not None:
+                    described = {**_exception_attributes(error), "responses_cache.stage": name}
+                    self._events.append(self._finished.event(described, end_ns))
+                else:
+                    self._span.record_exception(error, attributes={"responses_cache.stage": name}, timestamp=end_ns)
             return
         span = stage.span
         finished = self._finished
         if span is None and finished is not None:
             kind = _kind(name)
+            parent = self._span.get_span_context()
+            resource = self._opened[1] if self._opened is not None else self._span.resource
             if stage.context is not None:
                 context, kept = stage.context
                 attributes = {**kept, **stage.attributes} if kept and stage.attributes else (stage.attributes or kept)
-                finished.emit(self._span, name, kind, context, attributes, stage.start_ns, end_ns, error)
+                finished.emit(parent, resource, name, kind, context, attributes, stage.start_ns, end_ns, error)
                 return
             decided = finished.child(self, name, kind, stage.attributes)
             if decided == "dropped":
                 return
             if not isinstance(decided, str):
                 context, kept = decided
-                finished.emit(self._span, name, kind, context, kept, stage.start_ns, end_ns, error)
+                finished.emit(parent, resource, name, kind, context, kept, stage.start_ns, end_ns, error)
                 return
         if span is None:
             span = self._tracer.start_span(
@@ -387,16 +510,35 @@ class _Turn:
         span.end(end_time=end_ns)
 
 
+#: What a turn span made finished keeps of its start: the parent's span context (``None`` for a
+#: root), the resource, the start time, the sampler's attributes.
+_Opened = tuple[Any, Any, int, dict[str, Any]]
+
+
+def _carrier(context: Any) -> dict[str, str]:
+    """The W3C headers for ``context``, as ``TraceContextTextMapPropagator.inject`` writes them
+    (without the context and span objects it goes through)."""
+    if context == _INVALID:
+        return {}
+    carrier = {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+    if context.trace_state:
+        carrier["tracestate"] = context.trace_state.to_header()
+    return carrier
+
+
+_INVALID = trace.INVALID_SPAN_CONTEXT
+
+
 class OpenTelemetryTracer:
     """Turn and stage spans through an OpenTelemetry tracer provider (the global one by default).
 
-    A turn costs the SDK one span on its way to the client's answer (the turn's; and the engine
-    stage's context when its request takes it); every stage is two clock reads then, and its
-    span is made with those times once the client has the terminal event (see :class:`_Turn`).
-    Where the provider exports through only the SDK's batch or simple span processors, a stage's
-    span is made finished, straight to the processors, a third of the SDK's work of starting and
-    ending it (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A
-    turn that is not recorded (no SDK configured, or sampled out) records nothing.
+    Before the client's answer a turn costs the SDK its span's context (and the engine stage's,
+    when its request takes it); every stage is two clock reads then, and the spans are made with
+    those times once the client has the terminal event (see :class:`_Turn`). Where the provider
+    exports through only the SDK's batch or simple span processors, spans are made finished,
+    straight to the processors, a third of the SDK's work of starting and ending them
+    (:class:`_Finished`); with any other processor, through ``Tracer.start_span``. A turn that is
+    not recorded (no SDK configured, or sampled out) records nothing.
 
     ``stages``: the stages that get a span of their own (``None``: all of them; ``"hook"`` names
     every hook's). The others are timed on the turn span as ``responses_cache.stage_ms.<stage>``
@@ -414,11 +556,16 @@ class OpenTelemetryTracer:
 
     def start_turn(self, carrier: Mapping[str, str], attributes: Mapping[str, AttributeValue]) -> TurnSpan:
         parent = _PROPAGATOR.extract(carrier) if carrier else None
-        span = self._tracer.start_span("responses.turn", context=parent, kind=SpanKind.SERVER, attributes=attributes)
         processors = getattr(getattr(self._tracer, "span_processor", None), "_span_processors", None)
         if processors is not self._processors:
             self._processors, self._finished = processors, _finished_for(self._tracer)
         finished = self._finished
+        if finished is not None and finished.uniform:
+            opened = finished.open(parent, attributes)
+            if opened is not None:
+                span, start, on_end = opened
+                return _Turn(self._tracer, span, self._stages, finished if start is not None else None, start, on_end)
+        span = self._tracer.start_span(_TURN, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         if finished is not None and not span.get_span_context().trace_flags.sampled:
             finished = None  # recorded, not sampled: its stages through start_span, as the SDK decides
         return _Turn(self._tracer, span, self._stages, finished)
