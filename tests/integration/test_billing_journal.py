@@ -11,11 +11,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from test_billing_server import GatedSink
 from websockets.sync.client import connect
 
 from responses_cache import Biller, SimulatedConfig, SimulatedEngine
 from responses_cache.billing import CallableSink, MarkEntry, OpenEntry, UsageRecord
 from responses_cache.billing.journal import AckEntry, CloseEntry
+from responses_cache.testing import wait_for
 
 _decoder = msgspec.json.Decoder(OpenEntry | MarkEntry | CloseEntry | AckEntry)
 
@@ -71,3 +73,32 @@ def test_a_turn_without_a_journal_still_bills(responses_cache_server_factory: An
             pass
     server.stop()
     assert [r.status for r in records] == ["completed"]
+
+
+def test_a_cancelled_response_is_closed_in_the_journal(responses_cache_server_factory: Any, tmp_path: Path) -> None:
+    """A client that leaves mid-answer cancels its response: the close entry (status
+    ``cancelled``, the partial usage) goes to the journal as a completed response's does, not
+    only to memory, so a crash after the disconnect bills what the response used. (The sink is
+    held shut, so nothing is acknowledged and truncated away meanwhile.)"""
+    journal_path = tmp_path / "billing.journal"
+    sink = GatedSink()
+    biller = Biller(sink, journal_path=journal_path, flush_interval=0.001)
+    # A paced engine whose clock stands still: it is mid-answer whenever the client leaves.
+    engine = SimulatedEngine(SimulatedConfig(output_tokens_per_s=200, answer_tokens=400), clock=lambda: 0.0)
+    server = responses_cache_server_factory(backend=engine, billing=biller)
+    try:
+        with connect(server.ws_url, max_size=None) as ws:
+            ws.send(json.dumps({"type": "response.create", "model": "sim-1", "input": "write a lot"}))
+            rid, deltas = None, 0
+            while deltas < 5:
+                event = json.loads(ws.recv(timeout=30))
+                if event["type"] == "response.created":
+                    rid = event["response"]["id"]
+                deltas += event["type"] == "response.output_text.delta"
+        wait_for(lambda: any(isinstance(e, CloseEntry) for e in _entries(journal_path)), "the cancelled response's close entry")
+        closes = [e.record for e in _entries(journal_path) if isinstance(e, CloseEntry)]
+        assert [(c.response_id, c.status, c.recovered) for c in closes] == [(rid, "cancelled", False)]
+        assert 5 <= closes[0].output_tokens < 400 and closes[0].input_tokens > 0
+        assert biller.stats().in_memory == 0
+    finally:
+        sink.gate.set()

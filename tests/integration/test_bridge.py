@@ -56,7 +56,8 @@ def foreign_app(*, known_ids: tuple[str, ...] | None = None, refuse: tuple[int, 
                                            "param": "previous_response_id"}}, 404)
         text = f"I have seen {len(body['input'])} items."
         response = {"id": f"resp_f{len(received)}", "object": "response", "status": "completed", "output": [], "usage": {
-            "input_tokens": 10 * len(body["input"]), "input_tokens_details": {"cached_tokens": 0},
+            # its own prefix cache: everything but the newest item
+            "input_tokens": 10 * len(body["input"]), "input_tokens_details": {"cached_tokens": 10 * (len(body["input"]) - 1)},
             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}}}
         events = [
             {"type": "response.created", "response": {**response, "status": "in_progress"}},
@@ -93,6 +94,9 @@ def test_bridged_continuations_reach_the_app_with_full_context(responses_cache_s
         assert first["response"]["output"][0]["content"][0]["text"] == "I have seen 1 items."
         second = _turn(ws, input="and again", store=False, previous_response_id=first["response"]["id"], instructions="be kind")
         assert second["type"] == "response.completed", second
+    # The usage is the app's own (the bridge has no prompt to count), its cached prefix included.
+    usage = second["response"]["usage"]
+    assert (usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"]) == (30, 20, 3)
     assert [len(b["input"]) for b in received] == [1, 3]
     assert "previous_response_id" not in received[1] and received[1]["store"] is False
     assert received[1]["input"][1]["role"] == "assistant"

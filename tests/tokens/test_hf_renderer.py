@@ -19,8 +19,10 @@ from responses_cache.protocol.items import (
     FunctionCallOutput,
     HostedItem,
     InputImage,
+    InputText,
     Item,
     Message,
+    OutputText,
     Reasoning,
     ReasoningText,
 )
@@ -431,3 +433,57 @@ def test_the_sandbox_refuses_to_change_what_tojson_remembers(dirs: dict[str, pat
         r = hf(dirs, "qwen", chat_template=body + "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}")
         with pytest.raises(TemplateRenderError):
             r.render_full(None, TOOLS, [Message(role="user", content="hi"), *step(0)[1:]])
+
+
+def test_every_text_part_of_a_multi_part_item_reaches_the_prompt(dirs: dict[str, pathlib.Path]) -> None:
+    """Messages, tool outputs and answers made of several text parts: the template gets all of
+    them (a message's and a tool output's parts joined by newlines, an answer's parts joined, as
+    :mod:`~responses_cache.tokens.hf_messages` documents), and the prompt holds each part. The
+    transformers oracle cannot see this: it renders the messages this mapping makes."""
+    r = hf(dirs, "qwen")
+    items: list[Item] = [
+        Message(role="user", content=[InputText("first question"), InputText("second question")]),
+        Message(role="developer", content=[InputText("note one"), InputText("note two")]),
+        FunctionCall(call_id="a", name="shell", arguments='{"cmd": "ls"}'),
+        FunctionCallOutput(call_id="a", output=[InputText("stdout part"), InputText("stderr part")]),
+        Message(role="assistant", content=[OutputText("Here is "), OutputText("the answer.")]),
+    ]
+    messages = r.chat_messages(None, items)
+    assert [m.get("content") for m in messages] == [
+        "first question\nsecond question", "note one\nnote two", None, "stdout part\nstderr part", "Here is the answer.",
+    ]
+    prompt = r.decode(list(r.prompt(r.render_full(None, EMPTY_TOOLS, items))))
+    for part in ("first question\nsecond question", "note one\nnote two", "stdout part\nstderr part", "Here is the answer."):
+        assert part in prompt
+
+
+#: A template whose text for a message depends on everything before it (its number): a window
+#: of the conversation renders its old messages with other numbers than the log holds.
+NUMBERED = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + ' #' ~ loop.index ~ '\\n' }}"
+    "{{- message.content if message.content is defined and message.content else '' }}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_the_window_certificate_sends_a_template_that_numbers_messages_to_a_whole_render(
+    dirs: dict[str, pathlib.Path],
+) -> None:
+    """The windowed path is exact only because it is certified: the window's text for the old
+    items must be the end of the log's text. A template that numbers messages fails that check
+    on every window, so each turn is rendered over the whole conversation and every prompt
+    equals the template run over the whole conversation (without the check, the new items would
+    carry the window's numbers)."""
+    r = hf(dirs, "qwen", window=1, chat_template=NUMBERED)
+    whole = hf(dirs, "qwen", window=None, chat_template=NUMBERED)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+    for k in range(6):
+        turn = [*step(k)[1:], Message(role="user", content=f"and {k}?")] if k % 3 == 2 else step(k)[1:]
+        log = r.extend(log, turn)
+        items += turn
+        assert list(r.prompt(log)) == list(whole.prompt(whole.render_full(None, EMPTY_TOOLS, items))), k
+    assert r.stats.window_renders >= 4 and r.stats.window_misses == r.stats.window_renders

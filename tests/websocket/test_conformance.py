@@ -330,12 +330,18 @@ async def test_continuation_with_tool_output_has_full_context(serve: Any, backen
 
 async def test_unknown_previous_response_with_store_false(serve: Any) -> None:
     """Items 15, 34: an uncached ``previous_response_id`` with ``store: false`` gets the documented
-    ``previous_response_not_found`` error; so does an id the store never had."""
+    ``previous_response_not_found`` error; so does an id the store never had. A ``store: false``
+    request has no fallback (§4.1): a stored response that is not in this connection's cache is
+    not found for it either (hot cache and store are for ``store: true`` requests)."""
     server = serve()
+    async with ws_connect(server.ws_url) as ws:
+        stored = await ws.ok(input="kept", store=True)
     async with ws_connect(server.ws_url) as ws:
         not_found(await ws.error(input="x", previous_response_id="resp_nope", store=False), "resp_nope")
         not_found(await ws.error(input="x", previous_response_id="resp_nope2"), "resp_nope2")
         not_found(await ws.error(input="x", previous_response_id="resp_n", store=False, stream_id="l"), "resp_n", "l")
+        not_found(await ws.error(input="x", previous_response_id=stored["id"], store=False), stored["id"])
+        await ws.ok(input="x", previous_response_id=stored["id"], store=True)
 
 
 async def test_store_true_hydrates_on_a_new_connection(serve: Any, backend: RecordingBackend) -> None:
@@ -423,6 +429,14 @@ async def test_instructions_and_tools_are_not_inherited(serve: Any, backend: Rec
     assert second["instructions"] is None and second["tools"] == []
     assert third["instructions"] == "Be terse." and [t["name"] for t in third["tools"]] == ["b"]
     assert three.identities() == expected("hi", first, "again", second, "once more")
+    if RENDERER is not None:  # the prompt's header is each turn's own, not the parent's log's
+        from responses_cache.tokens import get_renderer
+
+        renderer = get_renderer(RENDERER)
+        for call in (one, two, three):
+            assert call.request.prompt is not None
+            full = renderer.render_full(call.request.instructions, call.request.tools, call.items)
+            assert list(call.request.prompt.tokens()) == list(renderer.prompt(full))
 
 
 async def test_generate_false_warm_up(serve: Any, backend: RecordingBackend) -> None:
@@ -747,11 +761,19 @@ async def test_binary_frame_closes_with_1003(serve: Any) -> None:
 
 
 async def test_oversized_message_closes_with_1009(serve: Any) -> None:
-    """§5.2: a message over the configured size limit closes with 1009."""
-    server = serve(max_body_bytes=2048)
+    """§5.2: a message over the configured size limit closes with 1009; the limit is exact (a
+    message of the limit's size is a turn, one byte more closes)."""
+    limit = 2048
+    server = serve(max_body_bytes=limit)
+
+    def create_of_size(size: int) -> str:
+        empty = json.dumps({"type": "response.create", "model": MODEL, "input": ""})
+        return empty[:-2] + "x" * (size - len(empty)) + empty[-2:]
+
     async with ws_connect(server.ws_url) as ws:
-        await ws.ok(input="x" * 1024)
-        await ws.create(input="x" * 4096)
+        await ws.send(create_of_size(limit))
+        assert check_stream(await ws.finish())["status"] == "completed"
+        await ws.send(create_of_size(limit + 1))
         code, events = await ws.closed()
     assert code == 1009 and events == []
 
