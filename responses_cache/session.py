@@ -41,6 +41,14 @@ if TYPE_CHECKING:
     from .tokens.base import Renderer
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+
+
+def frame_size(text: str | bytes) -> int:
+    """A frame's size on the wire, in bytes (UTF-8): the unit of every limit on client frames
+    (a text frame arrives decoded, and a character is 1 to 4 bytes)."""
+    if isinstance(text, bytes) or text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
 _IGNORED = frozenset({"response.processed"})
 
 
@@ -310,8 +318,11 @@ class Session:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def receive(self, text: str | bytes, now: float = 0.0) -> None:
-        """One client text frame (``now``: the caller's clock, kept for the queue-wait metric)."""
+    def receive(self, text: str | bytes, now: float = 0.0, size: int | None = None) -> None:
+        """One client text frame (``now``: the caller's clock, kept for the queue-wait metric;
+        ``size``: its :func:`frame_size`, when the caller has it already)."""
+        if size is None:
+            size = frame_size(text)
         # The common case, a well-formed response.create, costs one pass over the frame; anything
         # else takes the careful path below, which names what is wrong.
         try:
@@ -319,7 +330,7 @@ class Session:
         except ResponsesError:
             fast = None
         if fast is not None and fast.type == "response.create":
-            self._create(text, now, fast.stream_id, fast)
+            self._create(text, size, now, fast.stream_id, fast)
             return
         try:
             probe = _probe.decode(text)
@@ -348,9 +359,9 @@ class Session:
             message = "Missing required parameter: 'type'." if kind is None else f"Unsupported event type: '{kind}'."
             self._error(invalid_request(message, "type", "invalid_value" if kind is not None else "missing_required_parameter"), None)
             return
-        self._create(text, now, probe.stream_id, None)
+        self._create(text, size, now, probe.stream_id, None)
 
-    def _create(self, text: str | bytes, now: float, lane: Any, request: CreateResponse | None) -> None:
+    def _create(self, text: str | bytes, size: int, now: float, lane: Any, request: CreateResponse | None) -> None:
         """A ``response.create`` (``request``: already decoded, or ``None``)."""
         if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.fullmatch(lane)):
             self._error(
@@ -386,7 +397,6 @@ class Session:
                 lane,
             )
             return
-        size = len(text)
         if not self._admit(size):
             self._error(
                 ResponsesError(

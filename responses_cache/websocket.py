@@ -51,7 +51,7 @@ from .protocol.errors import (
 from .quotas import Admission, QuotaExceeded
 from .routing import RouteCache
 from .runtime import Service
-from .session import InputBudget, PendingTurn, Session, SessionConfig
+from .session import InputBudget, PendingTurn, Session, SessionConfig, frame_size
 from .state import ResponseState
 from .tracing import trace_headers
 
@@ -304,13 +304,14 @@ class _Connection:
             text = message.get("text")
             if text is None:
                 return 1003, False  # binary frames are not part of the protocol
-            if len(text) > self.mode.max_message_bytes:
+            size = frame_size(text)
+            if size > self.mode.max_message_bytes:
                 return 1009, False
             if self.input is not None:
                 # Over budget: neither decode this frame nor ask for the next until it is paid for.
-                await self.input.admit(len(text))
-            large = len(text) >= _LARGE_FRAME
-            self.session.receive(text, time.perf_counter())
+                await self.input.admit(size)
+            large = size >= _LARGE_FRAME
+            self.session.receive(text, time.perf_counter(), size)
             del message, text  # a decoded frame must not outlive its turn (memory per connection)
             await self._pump()
             if large:

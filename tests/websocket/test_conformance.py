@@ -760,15 +760,20 @@ async def test_binary_frame_closes_with_1003(serve: Any) -> None:
     assert code == 1003 and events == []
 
 
-async def test_oversized_message_closes_with_1009(serve: Any) -> None:
+@pytest.mark.parametrize("pad", ["x", "é", "😀"])
+async def test_oversized_message_closes_with_1009(serve: Any, pad: str) -> None:
     """§5.2: a message over the configured size limit closes with 1009; the limit is exact (a
-    message of the limit's size is a turn, one byte more closes)."""
+    message of the limit's size is a turn, one byte more closes) and counts bytes on the wire,
+    not characters (``é`` is two bytes in UTF-8, ``😀`` four)."""
     limit = 2048
     server = serve(max_body_bytes=limit)
 
     def create_of_size(size: int) -> str:
         empty = json.dumps({"type": "response.create", "model": MODEL, "input": ""})
-        return empty[:-2] + "x" * (size - len(empty)) + empty[-2:]
+        count, rest = divmod(size - len(empty), len(pad.encode()))
+        text = empty[:-2] + pad * count + "x" * rest + empty[-2:]
+        assert len(text.encode()) == size
+        return text
 
     async with ws_connect(server.ws_url) as ws:
         await ws.send(create_of_size(limit))

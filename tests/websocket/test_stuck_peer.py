@@ -145,6 +145,16 @@ def test_one_frame_on_an_idle_connection_is_admitted_whatever_its_size() -> None
     assert [e.status for e in session.drain()] == [429]
 
 
+def test_held_input_is_counted_in_bytes_on_the_wire() -> None:
+    """A frame of 1,000 ``é`` is 2,000 bytes in UTF-8 (what the client sent), not 1,000."""
+    budget = InputBudget(1_000_000)
+    session = Session("t", SessionConfig(), input_budget=budget)
+    frame = json.dumps({"type": "response.create", "model": "sim-1", "input": "é" * 1_000}, ensure_ascii=False)
+    session.receive(frame)
+    assert session.drain() == []
+    assert session.queued_bytes == budget.held == len(frame.encode()) == len(frame) + 1_000
+
+
 def test_expiry_releases_what_was_queued() -> None:
     budget = InputBudget(1_000_000)
     session = Session("t", SessionConfig(lifetime_s=10), input_budget=budget)
