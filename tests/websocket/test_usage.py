@@ -67,15 +67,6 @@ async def test_a_message_backend_reports_the_engines_usage(serve: Any) -> None:
     assert [by_id[first["id"]], by_id[second["id"]]] == usages
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 async def test_cached_tokens_stop_where_a_template_rewrote_the_parents_turn(serve: Any, tmp_path: pathlib.Path) -> None:
     """A Qwen-style template drops an answer's reasoning once a later user message exists, so the
     continuation's prompt leaves the parent's token log inside that answer: ``cached_tokens`` is
@@ -93,7 +84,8 @@ async def test_cached_tokens_stop_where_a_template_rewrote_the_parents_turn(serv
     parent = list(renderer.render_full(None, EMPTY_TOOLS, [question, *answer]).tokens())
     prompt = engine.requests[1].prompt
     assert prompt is not None
-    shared = _common_prefix(list(prompt.tokens()), parent)
+    ids = list(prompt.tokens())
+    shared = next((i for i, (x, y) in enumerate(zip(ids, parent, strict=False)) if x != y), min(len(ids), len(parent)))
     assert 0 < shared < len(parent)  # the rewrite is inside the parent's log
     assert second["usage"]["input_tokens_details"]["cached_tokens"] == shared
     assert second["usage"]["input_tokens"] == len(prompt.tokens())
