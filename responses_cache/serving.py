@@ -202,7 +202,13 @@ def uvicorn_config(
     app: Any, *, host: str, port: int, limits: ConnectionLimits, protocol: type[H11Protocol] | None = None, **options: Any
 ) -> uvicorn.Config:
     """A uvicorn config with ``limits`` applied (``protocol``: the HTTP protocol to extend, as in
-    :func:`header_timeout_protocol`; ``options``: any other ``uvicorn.Config`` field)."""
+    :func:`header_timeout_protocol`; ``options``: any other ``uvicorn.Config`` field).
+
+    WebSocket compression (permessage-deflate) is declined unless ``options`` turn it on: uvicorn
+    inflates every frame of a socket read before it pauses reading, so one read of compressed
+    frames (4 MiB of repeated text deflates to about 4 KiB) would put tens of full-size messages
+    in memory at once, past every per-connection bound."""
+    options.setdefault("ws_per_message_deflate", False)
     return uvicorn.Config(
         app,
         host=host,

@@ -2,7 +2,8 @@
 memory (``/proc``) over real loopback sockets: a client that never reads while its requests make
 large events, and one that floods large frames, each raise the server's RSS by at most twice the
 connection's documented budget (``docs/limits.md``: the frames its unfinished turns hold, the frame
-being received, and its outbound events).
+being received, and its outbound events). The clients offer permessage-deflate, as
+``websockets`` does by default; the server declines it (the last test).
 
 Nothing is timed: the server's RSS is sampled while the client pushes, until the client has sent
 everything or a deadline passes; a correct server stays under the bound however long it is watched."""
@@ -116,3 +117,14 @@ def test_a_client_that_floods_large_frames_and_never_reads_holds_at_most_twice_i
     pid, url = server
     growth = _peak_growth(pid, _send_all(_big_frame, 100), url)  # 400 MB
     assert growth <= 2 * BUDGET, f"RSS grew {growth / MIB:.1f} MiB"
+
+
+def test_the_server_declines_compression(server: tuple[int, str]) -> None:
+    """Compressed frames would bypass the bounds above: uvicorn inflates every frame of one socket
+    read before it stops reading, and 4 MiB of ``y`` deflates to about 4 KiB, so one read could
+    carry dozens of full-size messages (this module's flood grew the server by up to 263 MiB with
+    compression on, twice its bound). The offer is declined."""
+    _, url = server
+    with connect(url, compression="deflate") as ws:
+        assert ws.response is not None
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers
