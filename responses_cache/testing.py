@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -458,8 +459,6 @@ class WebhookReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                import json
-
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with receiver.lock:
                     receiver.requests.append((dict(self.headers.items()), body))
@@ -518,8 +517,6 @@ def steer_mid_answer(
     (:class:`Behaviour` ``gate``): the gate is released once when the steer is accepted, so the
     steer always lands mid-answer and the engine's next token comes after it. Needs the
     ``websockets`` package (the ``test`` extra)."""
-    import json
-
     from websockets.sync.client import connect
 
     with connect(ws_url, max_size=None) as ws:
