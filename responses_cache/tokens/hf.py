@@ -18,7 +18,10 @@ a long history every turn would cost O(messages). Each turn instead:
   (checked on its syntax tree, :class:`~.hf_files.ChatTemplate`; otherwise it runs twice).
   When the new items hold a message (a user turn, an answer), the window starts at the last user
   message, because templates rewrite what follows it (Qwen3 drops that reasoning, gpt-oss its
-  analysis); a tool step (outputs, reasoning, calls) needs only the last few items. A turn that
+  analysis); a tool step (outputs, reasoning, calls) needs only the last few items. The window
+  also reaches back to the latest earlier item of each kind the new items hold (unless the head
+  has one): templates keep state only the first item of a kind sets (DeepSeek-V3 opens its tool
+  outputs block at the conversation's first output). A turn that
   adds a system or developer message renders the whole conversation (templates gather those into
   a header before the window);
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
@@ -38,9 +41,10 @@ a long history every turn would cost O(messages). Each turn instead:
   others are ``JOINED``), with the items and text, so the next turn can run the template again.
 
 The window assumes what the certificate cannot see: that a template rewrites nothing before the
-last user message, and that state carried from before the window into the new items only (a
-counter of earlier messages, say) does not change their text; the head keeps "first user
-message" and system-prompt rules exact. ``window=None`` runs the template over the whole
+last user message, and that state carried from before the window into the new items only does
+not change their text beyond what the window's own items of those kinds show (a counter of
+earlier outputs shows in the window's outputs, which the certificate compares); the head keeps
+"first user message" and system-prompt rules exact. ``window=None`` runs the template over the whole
 conversation every turn (exact for any template, O(messages) of template work per turn).
 
 History rewrites. Some templates change what they rendered for earlier messages: Qwen3 drops the
@@ -71,7 +75,7 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import tiktoken
@@ -132,6 +136,17 @@ def _starts_group(item: Item | None, before: object) -> bool:
     )
 
 
+def _kind(item: Item | None) -> str:
+    """The kind of chat-message content ``item`` becomes, for :attr:`_Piece.last_seen`."""
+    if isinstance(item, Message):
+        return item.role
+    if isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+        return "output"
+    if isinstance(item, (FunctionCall, CustomToolCall)):
+        return "call"
+    return type(item).__name__
+
+
 class TemplateRenderError(RenderError):
     """The chat template refused the conversation (``raise_exception`` or a template error)."""
 
@@ -165,6 +180,9 @@ class _Piece:
     #: followed by the last that-many characters of the log's text -- so the next turn can reuse
     #: the window without running the template over it again.
     window: tuple[int, int] | None = None
+    #: The index of the latest item of each kind (:func:`_kind`) up to and including this node:
+    #: a rendering window reaches back to the latest earlier item of each kind the new items hold.
+    last_seen: dict[str, int] = field(default_factory=dict)
 
 
 _encodings: dict[str, tiktoken.Encoding] = {}
@@ -399,7 +417,10 @@ class HFRenderer:
         *,
         add_generation_prompt: bool = False,
     ) -> str:
-        """The template's text for the whole conversation (what :meth:`prompt` tokenizes)."""
+        """The template's text for the whole conversation: with the generation prompt, what
+        :meth:`prompt` tokenizes (``apply_chat_template``'s text); without, what the token log
+        holds (a template that ends every conversation with constant text, as Llama 3's original
+        one, counts that text as the generation prompt)."""
         return self._render(chat_messages(instructions, items), chat_tools(tools), add_generation_prompt)
 
     def chat_messages(self, instructions: str | None, items: Sequence[Item]) -> list[dict[str, Any]]:
@@ -435,11 +456,14 @@ class HFRenderer:
         return {**self._template_tokens, **self.template_kwargs, "messages": template_view(messages), "tools": tools, "documents": None}
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
+        """The template's whole text (``gen``), or the text the token log holds (without the
+        generation prompt or a constant tail, :meth:`~.hf_files.ChatTemplate.text`)."""
         import jinja2
 
         self._stats.template_runs += 1
         try:
-            return self._template.render(gen, self._variables(messages, tools))
+            variables = self._variables(messages, tools)
+            return self._template.render(True, variables) if gen else self._template.text(variables)
         except jinja2.exceptions.TemplateError as exc:
             raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=at, param="type") from None
 
@@ -694,11 +718,17 @@ class HFRenderer:
                 and (not to_user or (isinstance(item, Message) and item.role == "user"))
             )
 
+        # State a template carries from the first message of a kind (DeepSeek-V3's opens its tool
+        # outputs block at the conversation's first tool output only, its calls block at the first
+        # call): the window reaches back to the latest earlier item of each kind the new items
+        # hold (unless the head has it), so the template is in the same state for the new items.
+        seen = tip.last_seen
+        reach = min((seen[k] for k in {_kind(i) for i in items} if seen.get(k, -1) >= len(head)), default=node.index)
         tail: list[Node] = []
         cur: Node | None = node
         while cur is not None and cur.index >= len(head):
             tail.append(cur)
-            if len(tail) >= self.window and starts_window(cur):
+            if len(tail) >= self.window and cur.index <= reach and starts_window(cur):
                 break
             cur = cur.parent
         else:
@@ -807,11 +837,13 @@ class HFRenderer:
         if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
             head, head_text = self._head(node, items, header)
         last = len(items) - 1
+        seen = parent.last_seen
         for k, item in enumerate(items):
             call_id = target = None
             if isinstance(item, (FunctionCall, CustomToolCall)):
                 call_id, target = item.call_id, qualified(item.namespace, item.name)
-            piece = _Piece(item, text if k == 0 else "", header, head, head_text)
+            seen = {**seen, _kind(item): node.index + 1}
+            piece = _Piece(item, text if k == 0 else "", header, head, head_text, last_seen=seen)
             if k == last:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen
                 piece.window = window

@@ -256,13 +256,28 @@ def _final_generation_block(tree: jinja2.nodes.Template) -> bool:
     return isinstance(test, n.Name) and test.name == _GENERATION
 
 
+def _constant_tail(tree: jinja2.nodes.Template) -> bool:
+    """Whether the template's last top-level statement outputs constant text (Llama 3's original
+    template ends every rendering with the assistant header, ``add_generation_prompt`` or not)."""
+    import jinja2.nodes as n
+
+    last = tree.body[-1] if tree.body else None
+    return isinstance(last, n.Output) and all(isinstance(node, (n.TemplateData, n.Const)) for node in last.nodes)
+
+
 class ChatTemplate:
     """A compiled chat template. :meth:`render` runs it as ``apply_chat_template`` does;
     :meth:`render_pair` gives the text without and with the generation prompt -- from one run when
     the template does not read ``add_generation_prompt`` at all, or reads it only in a final
     ``{% if add_generation_prompt [and …] %}`` block (checked on the syntax tree, see
     :func:`_final_generation_block`): that block's output is captured in a variable instead of the
-    text. Any other template is run twice."""
+    text. Any other template is run twice.
+
+    A template that does not read the flag but ends with constant text (:func:`_constant_tail`)
+    writes it after every conversation, so a conversation's text would not be the start of the
+    next turn's (the constant sits between them): that text is captured too, and counts as the
+    generation prompt. :meth:`text` is the text without it, what the token log holds; the
+    prompt is unchanged (the log's text followed by the constant is the template's whole text)."""
 
     def __init__(self, env: jinja2.Environment, source: str, tojson: FrozenJSON | None = None) -> None:
         import jinja2.nodes as n
@@ -274,7 +289,7 @@ class ChatTemplate:
         self.reads_generation_flag = any(node.name == _GENERATION for node in tree.find_all(n.Name))
         #: The template with its final generation block captured (None: no such block).
         self._split: jinja2.Template | None = None
-        if _final_generation_block(tree):
+        if _final_generation_block(tree) or (not self.reads_generation_flag and _constant_tail(tree)):
             block = tree.body[-1]
             capture = n.AssignBlock(n.Name(_CAPTURE, "store"), None, [block]).set_lineno(block.lineno)
             tree.body[-1] = capture
@@ -288,6 +303,13 @@ class ChatTemplate:
 
     def render(self, add_generation_prompt: bool, variables: dict[str, Any]) -> str:
         return str(self.template.render(variables, add_generation_prompt=add_generation_prompt))
+
+    def text(self, variables: dict[str, Any]) -> str:
+        """The text without the generation prompt (and without a constant tail): the first of
+        :meth:`render_pair`, from one run."""
+        if self._split is not None:
+            return str(self._split.make_module({**variables, _GENERATION: False}))
+        return self.render(False, variables)
 
     def render_pair(self, variables: dict[str, Any]) -> tuple[str, str]:
         """(the text without the generation prompt, the text with it)."""

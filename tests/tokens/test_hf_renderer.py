@@ -450,7 +450,7 @@ def test_every_text_part_of_a_multi_part_item_reaches_the_prompt(dirs: dict[str,
     ]
     messages = r.chat_messages(None, items)
     assert [m.get("content") for m in messages] == [
-        "first question\nsecond question", "note one\nnote two", None, "stdout part\nstderr part", "Here is the answer.",
+        "first question\nsecond question", "note one\nnote two", "", "stdout part\nstderr part", "Here is the answer.",
     ]
     prompt = r.decode(list(r.prompt(r.render_full(None, EMPTY_TOOLS, items))))
     for part in ("first question\nsecond question", "note one\nnote two", "stdout part\nstderr part", "Here is the answer."):
@@ -486,4 +486,72 @@ def test_the_window_certificate_sends_a_template_that_numbers_messages_to_a_whol
         log = r.extend(log, turn)
         items += turn
         assert list(r.prompt(log)) == list(whole.prompt(whole.render_full(None, EMPTY_TOOLS, items))), k
-    assert r.stats.window_renders >= 4 and r.stats.window_misses == r.stats.window_renders
+    # Every window short of the whole conversation is refused (one reaching back to its start,
+    # to the turn before's call and output, numbers as the log does and is certified).
+    assert r.stats.window_renders >= 4 and r.stats.window_misses >= r.stats.window_renders - 1 >= 3, r.stats
+
+
+#: A template that opens its tool-output block at the conversation's first tool output only (the
+#: real DeepSeek-V3 template does): a tool output's text depends on whether any came before it,
+#: which a window without an earlier tool output cannot see (and its certificate cannot either:
+#: the window's old text holds no tool output).
+FIRST_OUTPUT = (
+    "{%- set ns = namespace(first=true) %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|im_start|>' if ns.first else '<|im_end|>' }}{%- set ns.first = false %}"
+    "{{- 'out:' + message.content }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_window_reaches_back_to_the_last_item_of_each_kind_the_turn_adds(dirs: dict[str, pathlib.Path]) -> None:
+    """After a stretch of plain chat longer than the window, a tool output is rendered with the
+    state the conversation's earlier tool output left (the window reaches back to it): every
+    prompt equals the template run over the whole conversation. Without the reach, the window saw
+    no earlier output and opened the block again."""
+    r = hf(dirs, "qwen", window=1, chat_template=FIRST_OUTPUT)
+    whole = hf(dirs, "qwen", window=None, chat_template=FIRST_OUTPUT)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+    turns: list[list[Item]] = [step(0)[1:]]
+    turns += [[Message(role="assistant", content=f"answer {k}"), Message(role="user", content=f"more {k}")] for k in range(3)]
+    turns += [step(1)[1:], step(2)[1:]]
+    for turn in turns:
+        log = r.extend(log, turn)
+        items += turn
+        assert r.decode(list(r.prompt(log))) == whole.decode(list(whole.prompt(whole.render_full(None, EMPTY_TOOLS, items))))
+    assert r.stats.window_renders >= 3, r.stats
+
+
+#: Llama 3's original template's shape: no ``add_generation_prompt``, every rendering ends with the
+#: assistant header.
+ALWAYS_HEADER = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+)
+
+
+def test_a_template_ending_every_conversation_with_constant_text_stays_incremental(
+    dirs: dict[str, pathlib.Path],
+) -> None:
+    """The constant text after the last message counts as the generation prompt: the log holds the
+    text before it, so each turn appends (no rewrite, no whole render) and every prompt is the
+    template's text. Without that, the constant sat between a conversation's text and the next
+    turn's, and every turn was a history rewrite tokenized from the start of the previous one."""
+    r = hf(dirs, "qwen", window=1, chat_template=ALWAYS_HEADER)
+    whole = hf(dirs, "qwen", window=None, chat_template=ALWAYS_HEADER)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin("sys", EMPTY_TOOLS), items)
+    for k in range(6):
+        log = r.extend(log, step(k)[1:])
+        items += step(k)[1:]
+        prompt = r.decode(list(r.prompt(log)))
+        assert prompt == whole.decode(list(whole.prompt(whole.render_full("sys", EMPTY_TOOLS, items))))
+        assert prompt == r.render_text("sys", EMPTY_TOOLS, items, add_generation_prompt=True)
+        assert prompt.endswith("<|im_end|><|im_start|>assistant\n")
+    assert r.stats.rewinds == 0 and r.stats.full_renders <= 2 and r.stats.window_renders >= 4, r.stats
