@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import string
 
 #: Hex digits of a response id that a continuation inherits from its parent (32 bits: enough to
 #: spread conversations over Redis Cluster's 16,384 slots; 160 random bits remain).
@@ -23,6 +25,14 @@ _TAGGED = re.compile(r"resp_[0-9a-f]{48}")
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(16).hex()}"
+
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def short_call_id() -> str:
+    """A call id of nine letters and digits: the only shape Mistral's chat templates take."""
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
 
 
 def chain_tag(response_id: str) -> str | None:

@@ -211,10 +211,11 @@ class SimulatedEngine:
         if not isinstance(renderer, HFRenderer):
             return None
         reply: list[Item] = [Reasoning(summary=[], content=[ReasoningText("Planning the next step.")])]
+        call_id = "callsim00"  # nine letters and digits: the only call ids Mistral's templates take
         if plan.custom is not None:
-            reply.append(CustomToolCall(call_id="call_sim", name=plan.custom, input=plan.arguments))
+            reply.append(CustomToolCall(call_id=call_id, name=plan.custom, input=plan.arguments))
         elif plan.call is not None:
-            reply.append(FunctionCall(call_id="call_sim", name=plan.call.name, arguments=plan.arguments, namespace=plan.namespace))
+            reply.append(FunctionCall(call_id=call_id, name=plan.call.name, arguments=plan.arguments, namespace=plan.namespace))
         else:
             reply.append(Message(role="assistant", content=plan.text))
         items = request.conversation.items()

@@ -75,7 +75,7 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import tiktoken
@@ -190,9 +190,10 @@ class _Piece:
     #: followed by the last that-many characters of the log's text -- so the next turn can reuse
     #: the window without running the template over it again.
     window: tuple[int, int] | None = None
-    #: The index of the latest item of each kind (:func:`_kind`) up to and including this node:
-    #: a rendering window reaches back to the latest earlier item of each kind the new items hold.
-    last_seen: dict[str, int] = field(default_factory=dict)
+    #: On the last node of a turn: the index of the latest item of each kind (:func:`_kind`) up
+    #: to it; a rendering window reaches back to the latest earlier item of each kind the new
+    #: items hold.
+    last_seen: Mapping[str, int] | None = None
 
 
 _encodings: dict[str, tiktoken.Encoding] = {}
@@ -728,7 +729,7 @@ class HFRenderer:
         # outputs block at the conversation's first tool output only, its calls block at the first
         # call): the window reaches back to the latest earlier item of each kind the new items
         # hold (unless the head has it), so the template is in the same state for the new items.
-        seen = tip.last_seen
+        seen = tip.last_seen or {}
         reach = min((seen[k] for k in {_kind(i) for i in items} if seen.get(k, -1) >= len(head)), default=node.index)
         tail: list[Node] = []
         cur: Node | None = node
@@ -843,16 +844,15 @@ class HFRenderer:
         if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
             head, head_text = self._head(node, items, header)
         last = len(items) - 1
-        seen = parent.last_seen
+        seen = {**(parent.last_seen or {}), **{_kind(item): node.index + 1 + k for k, item in enumerate(items)}}
         for k, item in enumerate(items):
             call_id = target = None
             if isinstance(item, (FunctionCall, CustomToolCall)):
                 call_id, target = item.call_id, qualified(item.namespace, item.name)
-            seen = {**seen, _kind(item): node.index + 1}
-            piece = _Piece(item, text if k == 0 else "", header, head, head_text, last_seen=seen)
+            piece = _Piece(item, text if k == 0 else "", header, head, head_text)
             if k == last:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen
-                piece.window = window
+                piece.window, piece.last_seen = window, seen
             node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
         return TokenLog(node)
 

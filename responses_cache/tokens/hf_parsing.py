@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..backends.base import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from ..ids import short_call_id
 
 FORMATS = ("hermes", "llama3", "deepseek", "mistral", "plain")
 
@@ -202,9 +203,7 @@ class FamilyParser:
                 if rest.lstrip()[0] not in "{[" or self._unescape(match.group("name")) in self._custom:
                     self._buffered = not self._streamed  # parsed whole when the block ends
                     return
-                name = self._unescape(match.group("name")).strip()
-                namespace, _, short = name.rpartition(".")
-                yield ToolCallStart(name=short or name, namespace=namespace or None)
+                yield self._start(self._unescape(match.group("name")).strip())
                 self._args, self._streamed, self._call = _JsonValue(), True, rest.lstrip()
             used, done = self._args.feed(self._call)
             if used:
@@ -213,6 +212,16 @@ class FamilyParser:
             if not done:
                 return
             self._args = None
+
+    def _start(self, name: str, *, custom: bool = False) -> ToolCallStart:
+        """A call's start (``ns.name`` is a call in namespace ``ns``). Mistral's templates take
+        only call ids of nine letters and digits (``raise_exception`` otherwise), the ids its
+        serving stacks make: a call parsed in that format gets one."""
+        call_id = short_call_id() if self._fmt == "mistral" else None
+        if custom:
+            return ToolCallStart(name=name, call_id=call_id, custom=True)
+        namespace, _, short = name.rpartition(".")
+        return ToolCallStart(name=short or name, call_id=call_id, namespace=namespace or None)
 
     @staticmethod
     def _unescape(name: str) -> str:
@@ -279,9 +288,8 @@ class FamilyParser:
 
     def _call_events(self, name: str, arguments: Any) -> Iterator[BackendEvent]:
         if name in self._custom and isinstance(arguments, dict) and isinstance(arguments.get("input"), str):
-            yield ToolCallStart(name=name, custom=True)
+            yield self._start(name, custom=True)
             yield ToolCallDelta(arguments["input"])
             return
-        namespace, _, short = name.rpartition(".")
-        yield ToolCallStart(name=short or name, namespace=namespace or None)
+        yield self._start(name)
         yield ToolCallDelta(arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import pathlib
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -374,7 +375,11 @@ def test_mistral_and_plain_parsers() -> None:
     mistral = family_parser("mistral", frozenset(), in_think=False, specials=frozenset({"</s>", "[TOOL_CALLS]"}))
     text = 'ok[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "ns.g", "arguments": {}}]</s>'
     events = coalesce([e for ch in text for e in mistral.feed(ch)] + list(mistral.close()))
-    assert events == [TextDelta("ok"), ToolCallStart(name="f"), ToolCallDelta('{"a": 1}'), ToolCallStart(name="g", namespace="ns"), ToolCallDelta("{}")]
+    # Mistral's templates take only nine-letter-and-digit call ids: each call gets a fresh one
+    ids = [e.call_id for e in events if isinstance(e, ToolCallStart)]
+    assert all(i is not None and re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids) and len(set(ids)) == 2, ids
+    assert events == [TextDelta("ok"), ToolCallStart(name="f", call_id=ids[0]), ToolCallDelta('{"a": 1}'),
+                      ToolCallStart(name="g", call_id=ids[1], namespace="ns"), ToolCallDelta("{}")]
     plain = family_parser("plain", frozenset(), in_think=True, specials=frozenset({"</s>"}))
     events = list(plain.feed("hm</think>hi</s>")) + list(plain.close())
     assert events == [ReasoningDelta("hm"), TextDelta("hi")]
