@@ -447,6 +447,26 @@ def test_the_sandbox_refuses_to_change_what_tojson_remembers(dirs: dict[str, pat
             r.render_full(None, TOOLS, [Message(role="user", content="hi"), *step(0)[1:]])
 
 
+def test_string_methods_run_as_in_the_stock_sandbox(dirs: dict[str, pathlib.Path]) -> None:
+    """The fast path for a string's methods gives jinja's own sandbox's results, and leaves what
+    the sandbox guards guarded: ``format`` (its sandboxed formatter refuses attribute access) and
+    underscore attributes."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    body = ("{% for m in messages %}{{ m.content.strip('\\n').split('</think>')[-1].lstrip() }}|"
+            "{{ m.content.startswith('<t') }}|{{ m.content.upper().replace('A', 'b') }}|"
+            "{{ m.content.rsplit(' ', 1) }}|{{ m.content.count('a') }}|{{ '{0}-{1}'.format(m.role, 1) }}{% endfor %}")
+    r = hf(dirs, "plain", chat_template=body)
+    items: list[Item] = [Message(role="user", content="\n<think>a</think>  A cat sat\n")]
+    stock = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(body)
+    assert r.render_text(None, EMPTY_TOOLS, items) == stock.render(messages=r.chat_messages(None, items))
+    hidden = ("[{{ messages[0].content.__class__ }}][{{ messages[0].content.strip.__self__ }}]"
+              "[{{ '{0.__class__}'.format(messages[0].content) }}][{{ '{x.__class__}'.format_map({'x': messages[0].content}) }}]")
+    stock = ImmutableSandboxedEnvironment().from_string(hidden)
+    assert hf(dirs, "plain", chat_template=hidden).render_text(None, EMPTY_TOOLS, items) == stock.render(
+        messages=r.chat_messages(None, items)) == "[][][][]"
+
+
 def test_every_text_part_of_a_multi_part_item_reaches_the_prompt(dirs: dict[str, pathlib.Path]) -> None:
     """Messages, tool outputs and answers made of several text parts: the template gets all of
     them (a message's and a tool output's parts joined by newlines, an answer's parts joined, as
