@@ -14,6 +14,10 @@ reasoning + call) are timed, each on the log the previous one returned, and repo
 * ``encode``   -- the floor under ``hf``: the renderer's encoder (the verified tiktoken path where
   it holds) encoding just the text each turn added (what any exact renderer must tokenize), no
   template;
+* ``no-tpl``   -- ``hf`` with the template's runs replayed (their texts recorded on the same turns
+  once, then handed back in order, :class:`Replayed`): what the turn would cost with a template
+  engine that took no time -- encoding plus the renderer's own bookkeeping (the window's chat
+  messages, the certificate, the generation prompt, the log's nodes);
 * ``engine``   -- ``transformers.apply_chat_template(..., tokenize=True)`` of the whole
   conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn;
   ``engine / hf`` compares it with ``extend`` + ``prompt`` (materializing the prompt ids).
@@ -46,6 +50,7 @@ from benchmarks.render_history import FILLER, INSTRUCTIONS, new_turn_for, step
 from responses_cache.protocol.items import Item, Message
 from responses_cache.protocol.tools import ToolSet, parse_tools
 from responses_cache.tokens import get_renderer
+from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import chat_messages, chat_tools
 from responses_cache.tokens.log import TokenLog
 
@@ -99,6 +104,35 @@ def added_texts(r: Any, log: TokenLog, n: int) -> list[str]:
     return texts[::-1]
 
 
+class Replayed:
+    """Stands in for a renderer's compiled template: hands back, in order, the texts the real one
+    gave for the same sequence of runs (recorded by :meth:`record`)."""
+
+    def __init__(self, template: Any) -> None:
+        self.template, self.at = template, 0
+        self.outputs: list[Any] = []
+
+    def record(self, run: Callable[[], object]) -> None:
+        def recording(name: str) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                out = getattr(self.template, name)(*args, **kwargs)
+                self.outputs.append(out)
+                return out
+            return call
+
+        self.render, self.text, self.render_pair = recording("render"), recording("text"), recording("render_pair")
+        run()
+        self.render = self.text = self.render_pair = self._next
+
+    def _next(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.outputs[self.at % len(self.outputs)]
+        self.at += 1
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.template, name)
+
+
 def cpu(fn: Callable[[], object]) -> float:
     t0 = time.process_time()
     fn()
@@ -114,10 +148,12 @@ def one_round(
     h_turns: list[list[Item]],
     texts: list[str],
     slow: Any,
+    replay: Any,
 ) -> dict[str, float]:
     """CPU seconds per turn of each of our paths, once, one after the other."""
     n = len(turns)
     return {
+        "no-tpl": cpu(lambda: run_turns(replay, log, turns)) / n,
         "hf": cpu(lambda: run_turns(r, log, turns)) / n,
         "harmony": cpu(lambda: run_turns(harmony, h_log, h_turns)) / n,
         "encode": cpu(lambda: [r._encode(t) for t in texts]) / n,
@@ -146,13 +182,23 @@ class Case:
     texts: list[str]
     messages: list[dict[str, Any]]
     runs: float
+    replay: Any
     rounds: dict[str, list[float]] = field(default_factory=dict)
 
     def median_ms(self) -> dict[str, float]:
         return {k: statistics.median(v) * 1e3 for k, v in self.rounds.items()}
 
 
-def prepare(r: Any, harmony: Any, size: int, n: int) -> Case:
+def replayed(path: pathlib.Path, window: int | None, log: TokenLog, turns: list[list[Item]]) -> HFRenderer:
+    """A renderer like ``r`` whose template replays what it rendered for ``turns`` after ``log``."""
+    rp = HFRenderer(str(path), window=window)
+    template = Replayed(rp._template)
+    rp._template = template  # type: ignore[assignment]
+    template.record(lambda: run_turns(rp, log, turns))
+    return rp
+
+
+def prepare(r: Any, harmony: Any, size: int, n: int, path: pathlib.Path) -> Case:
     items, log = history(r, TOOLS, size)
     turns = turns_after(items, n)
     h_items, h_log = history(harmony, TOOLS, size)
@@ -161,7 +207,7 @@ def prepare(r: Any, harmony: Any, size: int, n: int) -> Case:
     run_turns(r, log, turns)
     runs = (r.stats.template_runs - runs0) / n
     messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
-    return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs)
+    return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs, replayed(path, r.window, log, turns))
 
 
 def main() -> None:
@@ -187,7 +233,7 @@ def main() -> None:
     order = random.Random(args.seed)
     n = args.turns
     print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms; the sizes of a model interleaved\n")
-    print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} "
+    print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} {'no-tpl/harm':>11} "
           f"{'hf-tok':>6} {'tok/harm':>8} {'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
     for name, path in models.items():
         r = get_renderer(f"hf:{path}", window=args.window or None)
@@ -197,11 +243,11 @@ def main() -> None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-        cases = {size: prepare(r, harmony, size, n) for size in sizes}
+        cases = {size: prepare(r, harmony, size, n, path) for size in sizes}
         for _ in range(args.repeat):  # every size in each round, in a random order: the box's drift hits all alike
             for size in order.sample(sizes, len(sizes)):
                 case = cases[size]
-                cells = one_round(r, case.log, case.turns, harmony, case.h_log, case.h_turns, case.texts, slow)
+                cells = one_round(r, case.log, case.turns, harmony, case.h_log, case.h_turns, case.texts, slow, case.replay)
                 for key, value in cells.items():
                     case.rounds.setdefault(key, []).append(value)
         if tokenizer is not None:
@@ -212,7 +258,7 @@ def main() -> None:
             engine = f"{med['engine']:8.2f}" if tokenizer is not None else ""
             ratio = f"{med['engine'] / med['hf+p']:8.0f}x" if tokenizer is not None else ""
             print(f"{name:11} {case.log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
-                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x "
+                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x {med['no-tpl'] / med['harmony']:10.2f}x "
                   f"{med['hf-tok']:6.3f} {med['hf-tok'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
                   f"{engine:>8} {ratio:>9} {case.runs:9.2f}")
         small, large = cases[sizes[0]].median_ms(), cases[sizes[-1]].median_ms()
