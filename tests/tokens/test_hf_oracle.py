@@ -162,7 +162,9 @@ def test_header_matches_transformers(family: tuple[HFRenderer, Any], tools: Tool
         check(r, tokenizer, log, [], instr, tools, [])
 
 
-@pytest.mark.parametrize("name", [_marked(m, m) for m in MODELS])
+#: Gemma 3's template refuses any tool message: a tool loop over it is one refusal (the
+#: turn-by-turn test checks refusals).
+@pytest.mark.parametrize("name", [_marked(m, m) for m in MODELS if m != "real:gemma3"])
 def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path], name: str) -> None:
     """Tool steps after tool steps take the windowed path, and every prompt is still exact; a new
     user message renders back to the previous one."""
