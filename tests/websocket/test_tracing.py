@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from wsclient import MODEL, RENDERER, function_tool, ws_connect
+from wsclient import MODEL, RENDERER, TERMINAL, function_tool, ws_connect
 
 from responses_cache import Biller, JsonlSink, create_app
 from responses_cache.otel import OpenTelemetryTracer
@@ -234,6 +234,17 @@ async def test_concurrent_turns_on_lanes_keep_their_own_spans(
         await until(lambda: backend.gates.waiting("a") and backend.gates.waiting("b"), "both engines")
         backend.gates.release("b", "a")
         await finished_turns(exporter, 2)
+        # Read both answers before closing: a client that leaves a full queue unread cannot see
+        # the server's close frame, and its close waits out the close timeout.
+        ended: list[str] = []
+
+        def both_ended(event: dict[str, Any]) -> bool:
+            if event["type"] in TERMINAL:
+                ended.append(event["stream_id"])
+            return len(ended) == 2
+
+        await ws.recv_until(both_ended)
+        assert sorted(ended) == ["a", "b"]
     for span in turns(exporter):
         assert _names(list(stages(exporter, span).values())) == sorted(ENGINE_STAGES | {"store"})
 
