@@ -287,7 +287,8 @@ class ChatTemplate:
         self.template = env.from_string(source)
         tree = env.parse(source)
         self.reads_generation_flag = any(node.name == _GENERATION for node in tree.find_all(n.Name))
-        #: The template with its final generation block captured (None: no such block).
+        #: The template with its final generation block, or its constant tail, captured (None:
+        #: neither).
         self._split: jinja2.Template | None = None
         if _final_generation_block(tree) or (not self.reads_generation_flag and _constant_tail(tree)):
             block = tree.body[-1]
@@ -317,10 +318,8 @@ class ChatTemplate:
             module = self._split.make_module({**variables, _GENERATION: True})
             text = str(module)
             return text, text + str(getattr(module, _CAPTURE, ""))
-        if not self.reads_generation_flag:
-            text = self.render(False, variables)
-            return text, text
-        return self.render(False, variables), self.render(True, variables)
+        text = self.text(variables)
+        return text, (self.render(True, variables) if self.reads_generation_flag else text)
 
 
 def compile_template(source: str) -> ChatTemplate:

