@@ -173,7 +173,9 @@ class VllmProcess:
     ``--middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware`` (WebSocket mode
     in-process), or ``None`` for none; ``fast_start``: :data:`FAST_START_ARGS` (for engines
     that only have to answer, not to be fast); ``pausable``: vLLM's development endpoints
-    (``VLLM_SERVER_DEV_MODE``), for :meth:`pause` and :meth:`resume`."""
+    (``VLLM_SERVER_DEV_MODE``), for :meth:`pause` and :meth:`resume`; ``nice``: the processes'
+    niceness (an engine started in the background of other work takes only what that work leaves
+    of the CPU)."""
 
     def __init__(
         self,
@@ -189,6 +191,7 @@ class VllmProcess:
         startup_timeout: float = 300.0,
         fast_start: bool = False,
         pausable: bool = False,
+        nice: int = 0,
     ) -> None:
         self.python, self.model, self.served_name = python, model, served_name
         self.scale_out, self.middleware, self.api_key = scale_out, middleware, api_key
@@ -199,6 +202,7 @@ class VllmProcess:
         if pausable:
             self.env["VLLM_SERVER_DEV_MODE"] = "1"
         self.startup_timeout = startup_timeout
+        self.nice = nice
         self.port = 0
         self.log = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self._proc: subprocess.Popen[bytes] | None = None
@@ -223,6 +227,8 @@ class VllmProcess:
             argv += ["--middleware", "responses_cache_vllm.middleware.ResponsesCacheMiddleware"]
         if self.api_key:
             argv += ["--api-key", self.api_key]
+        if self.nice:
+            argv = ["nice", "-n", str(self.nice), *argv]  # nice execs vLLM: the same process
         return argv + self.extra_args
 
     def start(self) -> VllmProcess:
@@ -231,7 +237,10 @@ class VllmProcess:
         return self
 
     def launch(self) -> None:
-        """Start ``vllm serve`` (the same port on a restart) without waiting for it."""
+        """Start ``vllm serve`` (the same port on a restart) without waiting for it; nothing if it
+        is running."""
+        if self.alive:
+            return
         self.port = self.port or _free_port()
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
@@ -246,6 +255,11 @@ class VllmProcess:
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True)
+        if self.nice:
+            # Where the kernel groups processes by session (Linux's autogroups, on by default), a
+            # process's nice only ranks it within its session: the new session's group gets it too.
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{self._proc.pid}/autogroup").write_text(str(self.nice))
 
     def wait_ready(self) -> None:
         assert self._proc is not None, "launch() first"
@@ -359,7 +373,8 @@ class VllmProcess:
 
 @contextlib.contextmanager
 def started(*engines: VllmProcess) -> Iterator[tuple[VllmProcess, ...]]:
-    """Start several engines at once (their start-ups overlap), stop them all at the end."""
+    """Start several engines at once (their start-ups overlap; those running already are waited
+    for), stop them all at the end."""
     try:
         for engine in engines:
             engine.launch()

@@ -1,7 +1,7 @@
 """The real-engine suite: a real ``vllm serve`` (the CPU build, in its own cached venv) serving a
 tiny random-weight model built from the bundled offline vocabulary (``benchmarks/suite/vllmproc.py``).
 
-Two engines, started together once per session:
+Two engines, once per session:
 
 * ``scale_out``: ``--enable-scale-out`` (tokens-in route ``/inference/v1/generate``) with the
   middleware (WebSocket mode in-process);
@@ -9,7 +9,12 @@ Two engines, started together once per session:
   both modes fall back to ``/v1/completions``.
 
 Both serve vLLM's development endpoints (``pausable``): the steering test pauses the engine's
-scheduler while its client creates and steers the target.
+scheduler while its client creates and steers the target. Both start fast (``fast_start``: eager,
+the worker inside the engine-core process, a small KV cache).
+
+Every engine of the suite (these two and the groups of ``test_engine_failures.py`` and
+``test_hf_models.py``) is launched in the background as soon as the tests are collected
+(``engine_suite.Prelaunch``): the start-ups overlap the tests that run before the engine suite.
 
 ``target`` runs a test in each mode on each endpoint: ``network`` is ``responses-cache`` in front
 of the engine over HTTP; ``in-process`` is the middleware inside vLLM.
@@ -22,32 +27,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_suite import KEY, MODEL, Target, network_backend
+from engine_suite import GROUPS, KEY, MODEL, NICE, Prelaunch, Target, group, network_backend
 
 from benchmarks.suite import vllmproc
 from responses_cache import create_app
 
+PRELAUNCH = pytest.StashKey[Prelaunch]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Launch the engines the collected tests use, in the order they first use them."""
+    if not session.config.option.collectonly:
+        names = dict.fromkeys(n for item in session.items for n in getattr(item, "fixturenames", ()) if n in GROUPS)
+        session.config.stash[PRELAUNCH] = Prelaunch(names)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    prelaunch = session.config.stash.get(PRELAUNCH, None)
+    if prelaunch is not None:
+        prelaunch.close()
+
 
 @pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    return vllmproc.provision()
+def prelaunch(pytestconfig: pytest.Config) -> Prelaunch:
+    if PRELAUNCH not in pytestconfig.stash:
+        pytestconfig.stash[PRELAUNCH] = Prelaunch(())
+    return pytestconfig.stash[PRELAUNCH]
 
 
-@pytest.fixture(scope="session")
-def tiny_oss(vllm_python: Path) -> Path:
-    return vllmproc.tiny_model(vllm_python, MODEL)
-
-
-@pytest.fixture(scope="session")
-def engines(vllm_python: Path, tiny_oss: Path) -> Iterator[dict[str, vllmproc.VllmProcess]]:
+@group("engines")
+def _pair(python: Path) -> dict[str, vllmproc.VllmProcess]:
+    model = vllmproc.tiny_model(python, MODEL)
     middleware = {"RESPONSES_CACHE_MODEL": MODEL}
-    started = {
-        "scale_out": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=True, middleware=middleware, api_key=KEY,
-                                          pausable=True),
-        "stock": vllmproc.VllmProcess(vllm_python, tiny_oss, scale_out=False, middleware=middleware, api_key=KEY,
-                                      pausable=True),
-    }
-    with vllmproc.started(*started.values()):
+    return {name: vllmproc.VllmProcess(python, model, scale_out=name == "scale_out", middleware=middleware, api_key=KEY,
+                                       pausable=True, fast_start=True, nice=NICE)
+            for name in ("scale_out", "stock")}
+
+
+@pytest.fixture(scope="session")
+def engines(prelaunch: Prelaunch) -> Iterator[dict[str, vllmproc.VllmProcess]]:
+    with prelaunch.take("engines") as started:
         yield started
 
 

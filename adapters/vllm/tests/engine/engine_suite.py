@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
@@ -17,6 +21,71 @@ KEY = "sk-engine"
 #: Greedy decoding never samples the tiny model's stop token: a generation that runs until it is
 #: stopped (or reaches max_output_tokens).
 ENDLESS = {"temperature": 0, "max_output_tokens": 3000}
+#: The engines' niceness: started while the rest of the suite runs, they take the CPU it leaves.
+NICE = 19
+
+Build = Callable[[Path], dict[str, vllmproc.VllmProcess]]
+#: The engine groups fixtures take from :class:`Prelaunch`: a fixture's name -> its engines, built
+#: (not started) from the vLLM venv's python. Registered with :func:`group` by the modules that
+#: use them.
+GROUPS: dict[str, Build] = {}
+
+
+def group(fixture: str) -> Callable[[Build], Build]:
+    """Register the engines that the fixture named ``fixture`` serves (see :data:`GROUPS`)."""
+
+    def register(build: Build) -> Build:
+        GROUPS[fixture] = build
+        return build
+
+    return register
+
+
+class Prelaunch:
+    """The engines the collected tests use, launched in a background thread as soon as the tests
+    are collected (``conftest.py``). An engine's start-up is CPU-bound (tens of seconds on 2 cores)
+    and the tests that run before the engine suite leave about a core idle: started then, at
+    :data:`NICE`, the start-ups use that core instead of holding up the engine suite's first
+    set-ups. A fixture takes its group with :meth:`take`; :meth:`close` stops what is left."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="vllm-prelaunch")
+        self._python = self._pool.submit(vllmproc.provision)
+        self._groups: dict[str, Future[dict[str, vllmproc.VllmProcess]]] = {}
+        for name in names:
+            self._submit(name)
+
+    def _submit(self, name: str) -> Future[dict[str, vllmproc.VllmProcess]]:
+        if name not in self._groups:
+            self._groups[name] = self._pool.submit(self._launch, GROUPS[name])
+        return self._groups[name]
+
+    def _launch(self, build: Build) -> dict[str, vllmproc.VllmProcess]:
+        engines = build(self._python.result())
+        try:
+            for engine in engines.values():
+                engine.launch()
+        except BaseException:
+            for engine in engines.values():
+                engine.stop()
+            raise
+        return engines
+
+    @contextlib.contextmanager
+    def take(self, name: str) -> Iterator[dict[str, vllmproc.VllmProcess]]:
+        """The group ``name`` once all its engines answer; stopped at the end."""
+        engines = self._submit(name).result()
+        with vllmproc.started(*engines.values()):
+            yield engines
+
+    def close(self) -> None:
+        """Stop every engine launched (those stopped already are left alone)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for future in self._groups.values():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                for engine in future.result().values():
+                    engine.stop()
+                    engine.log.unlink(missing_ok=True)
 
 
 @dataclass

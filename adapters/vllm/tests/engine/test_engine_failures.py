@@ -9,20 +9,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_suite import ENDLESS, KEY, MODEL, network_backend, sdk, turn
+from engine_suite import ENDLESS, KEY, MODEL, NICE, Prelaunch, group, network_backend, sdk, turn
 
-from benchmarks.suite.vllmproc import VllmProcess
+from benchmarks.suite.vllmproc import VllmProcess, tiny_model
 from responses_cache import create_app
 from tests.websocket.wsclient import check_event
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM
 
 
-@pytest.fixture(scope="module")
-def spare(vllm_python: Path, tiny_oss: Path) -> Iterator[VllmProcess]:
+@group("spare")
+def _spare(python: Path) -> dict[str, VllmProcess]:
     # Network mode only (no middleware inside), started twice: the fast start (eager, one process).
-    with VllmProcess(vllm_python, tiny_oss, api_key=KEY, fast_start=True) as engine:
-        yield engine
+    return {"spare": VllmProcess(python, tiny_model(python, MODEL), api_key=KEY, fast_start=True, nice=NICE)}
+
+
+@pytest.fixture(scope="module")
+def spare(prelaunch: Prelaunch) -> Iterator[VllmProcess]:
+    with prelaunch.take("spare") as started:
+        yield started["spare"]
 
 
 def test_a_killed_engine_fails_the_response_and_its_conversation_goes_on_elsewhere_and_after_restart(

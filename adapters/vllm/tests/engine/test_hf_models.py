@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
 import pytest
-from engine_suite import KEY, sdk, turn
+from engine_suite import KEY, NICE, Prelaunch, group, sdk, turn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from responses_cache_vllm import EngineBackend, HandshakeError
@@ -100,18 +101,21 @@ class Served:
                              **options)
 
 
+@group("served")
+def _families(python: pathlib.Path) -> dict[str, vllmproc.VllmProcess]:
+    """An engine for each family whose files can be had here."""
+    with tempfile.TemporaryDirectory(prefix="hf-families-") as root:
+        found = {f: directory for f in MODELS if (directory := files(f, pathlib.Path(root))) is not None}
+        built = vllmproc.hf_models(python, {f"tiny-{f}": (found[f], MODELS[f]) for f in found})
+    return {f: vllmproc.VllmProcess(python, built[f"tiny-{f}"], served_name=f, middleware=None, api_key=KEY,
+                                    fast_start=True, nice=NICE) for f in found}
+
+
 @pytest.fixture(scope="module")
-def served(vllm_python: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
-    """The three families' engines, started together (their start-ups overlap)."""
-    root = tmp_path_factory.mktemp("hf-families")
-    found = {f: directory for f in MODELS if (directory := files(f, root)) is not None}
-    families = list(found)
-    built = vllmproc.hf_models(vllm_python, {f"tiny-{f}": (found[f], MODELS[f]) for f in families})
-    models = {f: built[f"tiny-{f}"] for f in families}
-    engines = {f: vllmproc.VllmProcess(vllm_python, models[f], served_name=f, middleware=None, api_key=KEY,
-                                       fast_start=True) for f in families}
-    with vllmproc.started(*engines.values()):
-        yield {f: Served(f, models[f], engines[f]) for f in families}
+def served(prelaunch: Prelaunch) -> Iterator[dict[str, Served]]:
+    """The families' engines (launched with the suite's others: ``engine_suite.Prelaunch``)."""
+    with prelaunch.take("served") as engines:
+        yield {f: Served(f, engine.model, engine) for f, engine in engines.items()}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(m, marks=[pytest.mark.npm] if m.endswith("-real") else [])
