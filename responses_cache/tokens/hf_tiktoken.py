@@ -11,22 +11,32 @@ can be argued, step by step:
 with the lowest merge priority among pairs in the merge list (leftmost on ties); tiktoken merges
 the adjacent pair whose concatenation has the lowest rank among pairs whose concatenation is in its
 ranks (leftmost on ties), and returns a whole word that is in its ranks as one token. The ranks
-built here are: the 256 single bytes, and each merge's result, ranked by the merge's priority. They
-agree when
+built here are the 256 single bytes and each merge's result ``t``, ranked by the priority of the
+merge ``tokenizers`` applies *last* when it BPE-encodes ``t`` alone (merges only): ``t``'s only
+merge, or, for a token several merges produce (vocabularies converted from tiktoken's ranks list
+every split of a token: Llama 3's has 90,639 such tokens), the one :func:`alone` finds by running
+that BPE. They agree when
 
-(a) every ranked multi-byte token is the result of exactly one merge (checked while planning), and
-(b) every ranked multi-byte token ``t``, BPE-encoded alone by ``tokenizers`` (merges only), is
-    ``[t]`` (checked by encoding all of them with a merges-only copy of the model).
+(a) no merge is listed twice, and each merge's result, run alone through that BPE, ends at
+    ``[t]`` or at three or more pieces (checked while planning), and
+(b) every ranked multi-byte token, BPE-encoded alone by ``tokenizers`` (merges only), gives the
+    pieces the plan expects: ``[t]``, or that run's end (checked by encoding all of them with a
+    merges-only copy of the model).
 
 Proof sketch: take a word both algorithms have brought to the same pieces. If two adjacent pieces
 ``x, y`` concatenate to a ranked ``t``, the merges inside ``t``'s span all happened inside it (the
-span is exactly covered), and each was the lowest of the word's pairs, hence of the span's: the
-span went through the states ``tokenizers`` goes through on ``t`` alone. That run ends at ``[t]``
-(b), so from ``[x, y]`` its next merge joins them: ``(x, y)`` is a merge, the one producing ``t``
-(a), with ``t``'s rank. Conversely every merge's pair concatenates to a ranked token. So both see
-the same candidate pairs with the same priorities and pick the same one, to the end. With (b) a
-word that is itself a ranked token comes out whole either way (tiktoken's shortcut, or
-``ignore_merges``). Multi-byte vocabulary tokens without a merge are left out of the ranks when
+span is exactly covered), and each was the lowest of the word's pairs, hence of the span's (and
+the leftmost of the lowest in the span): the span went through the states ``tokenizers`` goes
+through on ``t`` alone. That run has one two-piece state at most, and if it ends at ``[t]``, its
+next merge joins it: ``(x, y)`` is the merge it applies last, whose priority is ``t``'s rank. If
+it ends at three pieces or more it has no two-piece state with an applicable merge, and one with
+none would be its end, so ``x, y`` cannot be adjacent. Conversely every merge's pair concatenates
+to a ranked token, and when adjacent it is, by the same argument, that token's last merge. So both
+see the same candidate pairs with the same priorities and pick the same one, to the end. With (b)
+a word that is itself a ranked token ending at ``[t]`` comes out whole either way (tiktoken's
+shortcut, or ``ignore_merges``). A token whose run alone ends at three pieces or more is never a
+candidate: it is ranked (above every merge) only under ``ignore_merges``, for a word that is
+itself that token. Multi-byte vocabulary tokens without a merge are left out of the ranks when
 ``ignore_merges`` is off (``tokenizers`` never produces them); with it on they are refused.
 
 **Added tokens**: ``tokenizers`` splits them out before anything else (leftmost-longest; the
@@ -100,7 +110,7 @@ DEEPSEEK_PATTERN = (
     r"|\s+"
 )
 #: Bumped when the checks change: part of the cached verdict's key.
-_CHECKS_VERSION = 2
+_CHECKS_VERSION = 3
 
 
 def literals_pattern(words: Collection[str]) -> str:
@@ -157,8 +167,14 @@ class Plan:
     specials: dict[str, int]
     #: tiktoken id -> model id, or None when they are the same.
     to_model: list[int] | None
-    #: The ranked multi-byte tokens as ``tokenizer.json`` writes them, with their model ids: (b).
-    merged: dict[str, int] = field(repr=False)
+    #: The ranked multi-byte tokens as ``tokenizer.json`` writes them, with the model ids of the
+    #: pieces ``tokenizers`` gives for each alone, merges only (the token's own id, but for a token
+    #: whose run alone ends at three or more pieces): (b).
+    merged: dict[str, list[int]] = field(repr=False)
+    #: The tokens whose run alone (:func:`alone`) does not end with their first merge: the
+    #: priority of the merge it applies last, or -1 where it does not end at the token (cached
+    #: with the verdict).
+    last: dict[str, int] = field(repr=False, default_factory=dict)
 
 
 def _merge_pairs(merges: list[Any]) -> list[tuple[str, str]]:
@@ -258,10 +274,29 @@ def added_tokens_agree(raw: list[str], normalized: list[str]) -> bool:
     return _never_across(raw, normalized)
 
 
-def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None) -> Plan:
+def alone(token: str, priority: dict[tuple[str, str], int]) -> tuple[list[str], int]:
+    """``tokenizers``' BPE of ``token`` alone (``priority``: the merges, pair -> priority): the
+    pieces it ends at, and the priority of the last merge it applied."""
+    parts = list(token)
+    last = -1
+    while len(parts) > 1:
+        best, at = -1, -1
+        for i in range(len(parts) - 1):
+            p = priority.get((parts[i], parts[i + 1]), -1)
+            if p >= 0 and (best < 0 or p < best):
+                best, at = p, i
+        if at < 0:
+            break
+        parts[at : at + 2] = [parts[at] + parts[at + 1]]
+        last = best
+    return parts, last
+
+
+def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None, last: dict[str, int] | None = None) -> Plan:
     """Map a parsed ``tokenizer.json`` to tiktoken's ranks and pattern (Refused when it cannot).
     ``added_ids``: the added tokens' ids as the loaded ``tokenizers`` tokenizer has them (it may
-    number them otherwise than the file; default: the file's)."""
+    number them otherwise than the file; default: the file's). ``last``: :attr:`Plan.last` as an
+    earlier plan of the same file found it (the runs alone are not repeated)."""
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         raise Refused(f"model type {model.get('type')!r}, not BPE")
@@ -289,53 +324,79 @@ def plan(spec: dict[str, Any], added_ids: dict[str, int] | None = None) -> Plan:
     singles = {ch: vocab.get(ch) for ch in table}
     if any(i is None for i in singles.values()):
         raise Refused("the vocabulary lacks a single byte")
-    merged: dict[str, int] = {}
-    order: list[str] = []
-    for a, b in _merge_pairs(model.get("merges") or []):
+    priority: dict[tuple[str, str], int] = {}
+    rank: dict[str, int] = {}  # token -> the priority of its first merge, then of its last alone
+    for k, (a, b) in enumerate(_merge_pairs(model.get("merges") or [])):
         t = a + b
         if a not in vocab or b not in vocab or t not in vocab:
             raise Refused(f"merge {a!r} {b!r} of tokens outside the vocabulary")
-        if t in merged:
-            raise Refused(f"token {t!r} is the result of two merges")  # (a)
-        merged[t] = vocab[t]
-        order.append(t)
+        if (a, b) in priority:
+            raise Refused(f"merge {a!r} {b!r} listed twice")  # (a)
+        priority[a, b] = k
+        rank.setdefault(t, k)
+    ignore_merges = bool(model.get("ignore_merges"))
+    if last is None:
+        last = {}
+        for t, first in rank.items():
+            pieces, final = alone(t, priority)
+            if pieces != [t] or final != first:
+                last[t] = final if pieces == [t] else -1
+    merged: dict[str, list[int]] = {t: [vocab[t]] for t in rank}
+    whole_only: list[str] = []  # ranked for whole words only: their runs alone end in 3+ pieces
+    for t, final in last.items():
+        if t not in rank:
+            raise Refused(f"a cached verdict names {t!r}, which no merge makes")
+        if final >= 0:
+            rank[t] = final
+            continue
+        pieces = alone(t, priority)[0]
+        if len(pieces) < 3:
+            raise Refused(f"token {t!r} does not BPE-encode to itself alone ({pieces})")  # (a)
+        del rank[t]
+        if ignore_merges:
+            whole_only.append(t)
+            merged[t] = [vocab[p] for p in pieces]
+        else:
+            del merged[t]
+    order = sorted(rank, key=rank.__getitem__) + sorted(whole_only, key=vocab.__getitem__)
     for token in vocab:
         if (
             len(token) > 1
             and token not in merged
             and token not in added_ids
-            and model.get("ignore_merges")
+            and ignore_merges
         ):
             raise Refused(f"token {token!r} has no merge and ignore_merges is on")
     try:
         as_bytes = {t: bytes(table[c] for c in t) for t in order}
     except KeyError:
         raise Refused("a merged token outside the byte-level alphabet") from None
-    ids = [merged[t] for t in order]
+    ids = [vocab[t] for t in order]
     if all(x < y for x, y in itertools.pairwise(ids)):
         # Model ids already follow merge priority: use them as tiktoken ids (a single byte's rank
         # only needs to be unique, merges compare ranks of two-piece concatenations).
         ranks = {bytes([table[ch]]): int(i) for ch, i in singles.items() if i is not None}
-        ranks.update({as_bytes[t]: merged[t] for t in order})
+        ranks.update({as_bytes[t]: vocab[t] for t in order})
         specials = dict(added_ids)
-        return Plan(pattern, nfc, ranks, specials, None, merged)
+        return Plan(pattern, nfc, ranks, specials, None, merged, last)
     ranks = {bytes([byte]): byte for byte in range(256)}
     ranks.update({as_bytes[t]: 256 + k for k, t in enumerate(order)})
     to_model = [0] * (256 + len(order))
     for ch, byte in table.items():
         to_model[byte] = int(vocab[ch])
     for k, t in enumerate(order):
-        to_model[256 + k] = merged[t]
+        to_model[256 + k] = vocab[t]
     specials = {}
     for content, model_id in added_ids.items():
         specials[content] = len(to_model)
         to_model.append(model_id)
-    return Plan(pattern, nfc, ranks, specials, to_model, merged)
+    return Plan(pattern, nfc, ranks, specials, to_model, merged, last)
 
 
-def verify_merges(spec: dict[str, Any], merged: dict[str, int]) -> None:
+def verify_merges(spec: dict[str, Any], merged: dict[str, list[int]]) -> None:
     """(b): every ranked multi-byte token, BPE-encoded alone by ``tokenizers`` with merges only,
-    is itself; Refused naming the first that is not."""
+    gives the pieces the plan expects (itself, but for the tokens ranked for whole words only);
+    Refused naming the first that does not."""
     from tokenizers import Tokenizer
 
     model = dict(spec["model"], ignore_merges=False, dropout=None)
@@ -359,12 +420,13 @@ def verify_merges(spec: dict[str, Any], merged: dict[str, int]) -> None:
     tok = Tokenizer.from_str(json.dumps(bare))
     words = list(merged)
     got = tok.encode("\n".join(words), add_special_tokens=False).ids
-    if got == [merged[w] for w in words]:
+    if got == [i for w in words for i in merged[w]]:
         return
     for w in words:  # which one (rare: only on refusal)
         ids = tok.encode(w, add_special_tokens=False).ids
-        if ids != [merged[w]]:
-            raise Refused(f"token {w!r} does not BPE-encode to itself alone ({ids})")
+        if ids != merged[w]:
+            what = "itself" if len(merged[w]) == 1 else f"the pieces {merged[w]}"
+            raise Refused(f"token {w!r} does not BPE-encode to {what} alone ({ids})")
     raise Refused("the merged tokens do not BPE-encode to themselves")
 
 
@@ -499,26 +561,13 @@ def fast_encoder(
     ``cache_dir``: where the verdict of (b) and the probe is kept (``True``: ``$RESPONSES_CACHE_DIR``,
     else ``$XDG_CACHE_HOME/responses-cache``, else ``~/.cache/responses-cache``, under
     ``hf-tiktoken/``; ``None``/``False``: not cached, checked every time)."""
-    try:
-        spec = json.loads(tokenizer_json)
-        p = plan(spec, {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()})
-        encoding = tiktoken.Encoding(
-            f"hf-fast-{hashlib.blake2b(tokenizer_json.encode('utf-8', 'surrogatepass'), digest_size=8).hexdigest()}",
-            pat_str=p.pattern,
-            mergeable_ranks=p.ranks,
-            special_tokens=p.specials,
-        )
-    except Refused as exc:
-        return exc
-    except (ValueError, KeyError, TypeError) as exc:  # tiktoken refusing the pattern, odd JSON
-        return Refused(f"not mapped: {exc}")
-    encoder = FastEncoder(encoding, p.to_model, p.nfc, p.specials)
     root = _cache_root() if cache_dir is True else (cache_dir or None)
     path = (
         root / "hf-tiktoken" / f"{_verdict_key(tokenizer_json)}.json"
         if isinstance(root, Path)
         else None
     )
+    cached: Any = None
     if path is not None:
         try:
             cached = json.loads(path.read_text())
@@ -526,25 +575,47 @@ def fast_encoder(
             cached = None
         if isinstance(cached, dict) and "refused" in cached:
             return Refused(str(cached["refused"]))
-        if cached == {"verified": True}:
-            return encoder
+    verified = isinstance(cached, dict) and cached.get("verified") is True and isinstance(cached.get("last"), dict)
+    try:
+        spec = json.loads(tokenizer_json)
+        added_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
+        p = plan(spec, added_ids, cached["last"] if verified else None)
+        encoding = tiktoken.Encoding(
+            f"hf-fast-{hashlib.blake2b(tokenizer_json.encode('utf-8', 'surrogatepass'), digest_size=8).hexdigest()}",
+            pat_str=p.pattern,
+            mergeable_ranks=p.ranks,
+            special_tokens=p.specials,
+        )
+    except Refused as exc:
+        _store(path, exc)
+        return exc
+    except (ValueError, KeyError, TypeError) as exc:  # tiktoken refusing the pattern, odd JSON
+        return Refused(f"not mapped: {exc}")
+    encoder = FastEncoder(encoding, p.to_model, p.nfc, p.specials)
+    if verified:
+        return encoder
     try:
         verify_merges(spec, p.merged)
         _probe(encoder, tokenizer, list(p.specials))
-        verdict: dict[str, Any] = {"verified": True}
-        result: FastEncoder | Refused = encoder
     except Refused as exc:
-        verdict, result = {"refused": str(exc)}, exc
+        _store(path, exc)
+        return exc
+    _store(path, {"verified": True, "last": p.last})
+    encoder.refused = 0
+    return encoder
+
+
+def _store(path: Path | None, verdict: dict[str, Any] | Refused) -> None:
+    """Keep ``verdict`` at ``path`` (a refusal as its reason)."""
     if path is not None:
+        text = json.dumps({"refused": str(verdict)} if isinstance(verdict, Refused) else verdict)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(verdict))
+            tmp.write_text(text)
             tmp.replace(path)
         except OSError:
             pass  # an unwritable cache only costs the check next time
-    encoder.refused = 0
-    return result
 
 
 def _probe(encoder: FastEncoder, tokenizer: Tokenizer, added: list[str]) -> None:

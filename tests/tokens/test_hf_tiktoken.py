@@ -31,7 +31,7 @@ from responses_cache.tokens.hf_tiktoken import (
     verify_merges,
 )
 
-from .hf_assets import FAMILIES, available, build_tokenizer, build_tokenizer_dir
+from .hf_assets import FAMILIES, available, build_tokenizer, build_tokenizer_dir, require_real_model
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -109,16 +109,20 @@ def unverified(tokenizer_json: str, *, first_merge_only: bool = False) -> tiktok
     return tiktoken.Encoding("unverified", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
 
 
-# -- (a): one merge per token ------------------------------------------------------------------
+# -- (a): a token several merges produce is ranked by the one it is made with alone -------------
 
 #: ``abc`` is the result of two merges, ``ab c`` (priority 2) and ``a bc`` (priority 4).
 TWO_MERGES = [("b", "c"), ("a", "b"), ("ab", "c"), ("bc", "d"), ("a", "bc"), ("bcd", "x")]
 
 
-def test_a_token_two_merges_produce_is_refused() -> None:
-    result = build(crafted(TWO_MERGES))
-    assert isinstance(result, Refused)
-    assert "two merges" in str(result)
+def test_a_token_several_merges_produce_is_ranked_by_its_last_merge_alone() -> None:
+    js = crafted(TWO_MERGES)
+    # Alone, abc is b+c (priority 0), then a+bc (4): ranked 4, not 2.
+    assert plan(json.loads(js)).last == {"abc": 4}
+    enc = build(js)
+    assert isinstance(enc, FastEncoder)
+    for text in ("abcdx", "abc", "abcd abcx xabc", "ababcbcd", "aabcc"):
+        assert enc.encode(text) == hf_ids(js, text), text
 
 
 def test_ranking_a_token_by_its_first_merge_would_differ_from_tokenizers() -> None:
@@ -126,6 +130,75 @@ def test_ranking_a_token_by_its_first_merge_would_differ_from_tokenizers() -> No
     # tokenizers: b+c, then bc+d (priority 3) before a+bc (priority 4), then bcd+x -> a, bcdx.
     # A rank per token gives abc the first merge's priority 2: abc wins, then nothing merges.
     assert hf_ids(js, "abcdx") != unverified(js).encode("abcdx")
+
+
+#: ``abcd`` is made by ``ab cd`` and ``a bcd``, but alone it ends at ``abc d``, no merge.
+TWO_PIECES = [("a", "b"), ("ab", "c"), ("c", "d"), ("ab", "cd"), ("b", "cd"), ("a", "bcd")]
+
+
+def test_a_token_several_merges_produce_that_ends_in_two_pieces_alone_is_refused() -> None:
+    js = crafted(TWO_PIECES)
+    result = build(js)
+    assert isinstance(result, Refused) and "'abcd' does not BPE-encode to itself" in str(result)
+    assert hf_ids(js, "abcd") != unverified(js).encode("abcd")  # tiktoken joins abc + d
+
+
+def test_a_token_that_ends_in_three_pieces_alone_is_never_a_candidate() -> None:
+    # Made by je+ho, but alone e+h comes first and nothing joins j, eh, o (as Llama 3's "Ġjeho"):
+    # ranked for whole words only under ignore_merges, out of the ranks otherwise.
+    merges = [("e", "h"), ("j", "e"), ("h", "o"), ("je", "ho")]
+    for ignore in (False, True):
+        spec = json.loads(crafted(merges))
+        spec["model"]["ignore_merges"] = ignore
+        js = json.dumps(spec)
+        assert plan(spec).last == {"jeho": -1}
+        assert ("jeho" in plan(spec).merged) is ignore
+        enc = build(js)
+        assert isinstance(enc, FastEncoder)
+        for text in ("jeho", "xjeho", "jehojeho", "jeh eho ho je"):
+            assert enc.encode(text) == hf_ids(js, text), (ignore, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=40), st.booleans(), st.data())
+def test_random_merge_lists_give_tokenizers_ids_or_are_refused(
+    picks: list[tuple[int, int]], converted: bool, data: st.DataObject
+) -> None:
+    # Random BPE models over a four-letter alphabet: merges drawn at random, or (``converted``)
+    # tiktoken-style ranks written as tokenizers merges the way vocabularies converted from
+    # tiktoken are (Llama 3's: every split of each token into two tokens, by the pieces' ranks),
+    # where many tokens are made by several merges. The fast encoder, when it is built, gives
+    # tokenizers' ids on any text (words made of the tokens, and any letters).
+    tokens, merges = ["a", "b", "c", "d"], []
+    for i, j in picks:
+        a, b = tokens[i % len(tokens)], tokens[j % len(tokens)]
+        if (a, b) not in merges and len(a + b) <= 8:
+            merges.append((a, b))
+            if a + b not in tokens:
+                tokens.append(a + b)
+    if converted:
+        rank = {t: k for k, t in enumerate(tokens)}
+        merges = [
+            split
+            for t in tokens[4:]
+            for split in sorted(((t[:k], t[k:]) for k in range(1, len(t)) if t[:k] in rank and t[k:] in rank),
+                                key=lambda lr: (rank[lr[0]], rank[lr[1]]))
+        ]
+    words = st.lists(st.sampled_from(tokens), min_size=1, max_size=4).map("".join)
+    texts = data.draw(st.lists(st.one_of(words, st.text("abcd ", min_size=1, max_size=24)), min_size=1, max_size=12))
+    for ignore in (False, True):
+        spec = json.loads(crafted(merges, pattern=r"[a-d]+| "))
+        spec["model"]["ignore_merges"] = ignore
+        js = json.dumps(spec)
+        try:  # fast_encoder's checks but the pre-tokenizer probe (the pattern is not in question)
+            p = plan(spec)
+            verify_merges(spec, p.merged)
+        except Refused:
+            continue
+        enc = tiktoken.Encoding("random", pat_str=p.pattern, mergeable_ranks=p.ranks, special_tokens=p.specials)
+        for text in texts:
+            got = enc.encode_ordinary(text)
+            assert (got if p.to_model is None else [p.to_model[i] for i in got]) == hf_ids(js, text), (merges, ignore, text)
 
 
 # -- (b): every ranked token BPE-encodes to itself -------------------------------------------------
@@ -291,6 +364,26 @@ def test_every_family_takes_the_fast_path(family: str, family_dirs: dict[str, pa
     assert slow.stats.fast_encodes == 0 and slow.stats.slow_encodes > 0
 
 
+#: Hard text for vocabularies converted from tiktoken: runs of spaces, tabs and newlines (tokens
+#: several merges make), words Llama 3 makes of three pieces alone ("Ġjeho", "lardan"), digits.
+CONVERTED_TEXT = (
+    "    four  spaces\t\t\ttabs\n\n\n\n  lines \r\n\r\n jeho lardan larda Ġjeho hợp hợp "
+    "ıldı 12345678 ________ ======== -------- ....\u3000\u3000 \u00a0\u00a0 é\u0301 😀😀"
+)
+
+
+@pytest.mark.npm
+@pytest.mark.parametrize("name", ["llama3", "llama3.1", "mistral-nemo", "qwen3", "qwen2.5", "deepseek-v3"])
+def test_real_vocabularies_take_the_fast_path(name: str) -> None:
+    # Llama 3's and Mistral Nemo's tokenizer.json list every split of a token as a merge (90,639
+    # of Llama 3's tokens are made by several): ranked by the merge each is made with alone.
+    r = HFRenderer(str(require_real_model(name)))
+    assert r.fast_refusal is None
+    assert r._fast is not None
+    for text in (CONVERTED_TEXT, CONVERTED_TEXT * 3, " ".join(CONVERTED_TEXT.split(" ")[::-1])):
+        assert r._fast.encode(text) == r._tok.encode(text, add_special_tokens=False).ids
+
+
 def test_the_environment_turns_the_fast_path_off(family_dirs: dict[str, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RESPONSES_CACHE_HF_FAST", "0")
     r = get_renderer(f"hf:{family_dirs['llama3']}")
@@ -325,7 +418,7 @@ def test_the_verdict_is_cached_by_the_tokenizer_json(tmp_path: pathlib.Path) -> 
     tok = tokenizers.Tokenizer.from_str(js)
     assert isinstance(fast_encoder(js, tok, cache_dir=tmp_path), FastEncoder)
     (verdict,) = (tmp_path / "hf-tiktoken").iterdir()
-    assert json.loads(verdict.read_text()) == {"verified": True}
+    assert json.loads(verdict.read_text()) == {"verified": True, "last": {}}
     # The cached verdict is what a second load reads (a refusal written there is returned).
     verdict.write_text(json.dumps({"refused": "planted"}))
     result = fast_encoder(js, tok, cache_dir=tmp_path)
@@ -334,6 +427,11 @@ def test_the_verdict_is_cached_by_the_tokenizer_json(tmp_path: pathlib.Path) -> 
     other = crafted(NOT_ITSELF)
     assert isinstance(fast_encoder(other, tokenizers.Tokenizer.from_str(other), cache_dir=tmp_path), Refused)
     assert len(list((tmp_path / "hf-tiktoken").iterdir())) == 2
+    # The priorities of the tokens made last by another merge than their first are kept with it.
+    two = crafted(TWO_MERGES)
+    assert isinstance(fast_encoder(two, tokenizers.Tokenizer.from_str(two), cache_dir=tmp_path), FastEncoder)
+    kept = [json.loads(v.read_text()) for v in (tmp_path / "hf-tiktoken").iterdir()]
+    assert {"verified": True, "last": {"abc": 4}} in kept
 
 
 # -- DeepSeek V3's three Split steps, as one pattern ---------------------------------------------
