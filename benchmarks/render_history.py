@@ -49,8 +49,8 @@ def step(k: int) -> list[Item]:
     """One agent step: reasoning, a shell call and its (file-listing-like) output."""
     return [
         Reasoning(summary=[], content=[ReasoningText(f"Step {k}: inspect module_{k}.py next.")]),
-        FunctionCall(call_id=f"call_{k}", name="shell", arguments=f'{{"cmd": "cat src/module_{k}.py"}}'),
-        FunctionCallOutput(call_id=f"call_{k}", output=f"# module_{k}.py\n" + FILLER * 3),
+        FunctionCall(call_id=f"call{k:05d}", name="shell", arguments=f'{{"cmd": "cat src/module_{k}.py"}}'),
+        FunctionCallOutput(call_id=f"call{k:05d}", output=f"# module_{k}.py\n" + FILLER * 3),
     ]
 
 
@@ -75,7 +75,7 @@ def new_turn_for(history: Sequence[Item]) -> list[Item]:
     """The next turn: the pending call's output, then the model's next reasoning + call."""
     last = history[-1]
     assert isinstance(last, FunctionCall)
-    k = int(last.call_id.removeprefix("call_")) + 1
+    k = int(last.call_id.removeprefix("call")) + 1
     return [FunctionCallOutput(call_id=last.call_id, output=FILLER * 8), *step(k)[:2]]
 
 

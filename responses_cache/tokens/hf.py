@@ -177,9 +177,11 @@ class _Piece:
     text: str
     header: _Header | None = None
     #: The conversation's items up to and including its first user message (None before one),
-    #: and the template's text for them alone: the fixed start of every rendering window.
+    #: and the template's text for them, the fixed start of every rendering window: always the
+    #: start of the log's text (their text alone when it is, else as a window certified it; None
+    #: until one does).
     head: tuple[Item, ...] | None = None
-    head_text: str = ""
+    head_text: str | None = ""
     gen_text: str | None = None
     gen: array[int] | None = None
     #: Set when the template's prompt is not "log + generation prompt": the whole prompt.
@@ -768,6 +770,7 @@ class HFRenderer:
             old_tail, whole = "", False
             if reused is not None and tip.window is not None:
                 old_tail, whole = self._tail_text(node, tip.window[1] + _WINDOWS[0])
+                assert tip.head_text is not None, "a window is certified with the head's text"
                 before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
                 assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
             else:
@@ -776,9 +779,12 @@ class HFRenderer:
         except RenderError:
             return None  # e.g. a template checking alternation by position: render all
         self._stats.window_renders += 1
-        if not before.startswith(tip.head_text) or not after.startswith(before):
+        head_text = tip.head_text
+        if (head_text is None or not before.startswith(head_text)) and reused is None:
+            head_text = self._head_in_context(node, tail, before)
+        if head_text is None or not before.startswith(head_text) or not after.startswith(before):
             return None
-        recent = before[len(tip.head_text) :]
+        recent = before[len(head_text) :]
         if reused is None:
             old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
             if not old_tail.endswith(recent):
@@ -792,7 +798,33 @@ class HFRenderer:
         gen = self._generation(old_tail + added, old_tail + prompt_text[len(before) :], whole=whole) if prompt_text.startswith(before) else None
         if gen is None or gen[1] is None:
             return None
-        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, (tail[0].index, len(recent) + len(added)))
+        certified = (tail[0].index, len(recent) + len(added))
+        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, certified, head_text)
+
+    def _head_in_context(self, node: Node, tail: list[Node], before: str) -> str | None:
+        """The head's text as the window renders it, when that is not its text alone (Mistral's
+        templates write the system prompt into the last user message only): ``before`` less the
+        log's text for the window's items, certified as the start of the log's text (the window
+        then renders as the log's start followed by the log's end, as with the head's text
+        alone). None when the window does not start a turn or that does not hold."""
+        if tail[0].flags & JOINED:
+            return None
+        recent = "".join(self._piece(n).text for n in tail)
+        if not before.endswith(recent):
+            return None
+        head_text = before[: len(before) - len(recent)]
+        return head_text if self._text(node, len(head_text)).startswith(head_text) else None
+
+    def _text(self, node: Node, chars: int | None = None) -> str:
+        """The start of the log's text, at least ``chars`` long (all of it by default)."""
+        parts: list[str] = []
+        total = 0
+        for n in self._chain(node):
+            if chars is not None and total >= chars:
+                break
+            parts.append(self._piece(n).text)
+            total += len(parts[-1])
+        return "".join(parts)
 
     def _tail_text(self, node: Node, chars: int) -> tuple[str, bool]:
         """The end of the log's text, at least ``chars`` long (or all of it: then True)."""
@@ -834,15 +866,19 @@ class HFRenderer:
         seg: array[int],
         gen: tuple[str | None, array[int] | None, array[int] | None],
         window: tuple[int, int] | None = None,
+        head_text: str | None = None,
     ) -> TokenLog:
         """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
-        ``JOINED``; the last one holds the generation prompt ``gen`` (and ``window``)."""
+        ``JOINED``; the last one holds the generation prompt ``gen`` (and ``window``, certified
+        with ``head_text``, the head's text in the window when it is not the parent's)."""
         ctx = node.ctx
         parent = self._piece(node)
         header = parent.header
-        head, head_text = parent.head, parent.head_text
+        head, head_text = parent.head, parent.head_text if head_text is None else head_text
         if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
             head, head_text = self._head(node, items, header)
+            if not (self._text(node) + text).startswith(head_text):
+                head_text = None  # rendered otherwise when followed: a window certifies it
         last = len(items) - 1
         seen = {**(parent.last_seen or {}), **{_kind(item): node.index + 1 + k for k, item in enumerate(items)}}
         for k, item in enumerate(items):

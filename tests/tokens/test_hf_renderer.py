@@ -558,6 +558,80 @@ def test_a_window_reaches_back_to_the_last_item_of_each_kind_the_turn_adds(dirs:
     assert r.stats.window_renders >= 3, r.stats
 
 
+#: Mistral's templates' shape: the system prompt is written into the user message only when that
+#: message is the conversation's last.
+SYSTEM_IN_LAST_USER = (
+    "{%- set system = messages[0].content if messages[0].role == 'system' else none %}"
+    "{%- for message in messages if message.role != 'system' %}"
+    "{%- if message.role == 'user' %}"
+    "{{- '<|im_start|>user\n' + (system + '\n\n' if system and loop.last else '') + message.content + '<|im_end|>' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+def test_a_head_rendered_otherwise_when_followed_keeps_its_windows(dirs: dict[str, pathlib.Path]) -> None:
+    """The head's text alone (its user message last, the system prompt in it) is not its text in
+    any window (followed by items, without it): the window's head text is then taken from the
+    window's own text less the log's text for its items, certified as the start of the log's
+    text. Every prompt equals the whole conversation's, and tool steps run the template one and a
+    half times each over the window, not three times over the whole conversation."""
+    r = hf(dirs, "qwen", window=2, chat_template=SYSTEM_IN_LAST_USER)
+    whole = hf(dirs, "qwen", window=None, chat_template=SYSTEM_IN_LAST_USER)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin("be brief", EMPTY_TOOLS), items)
+    for k in range(4):  # past the window's size
+        log = r.extend(log, step(k)[1:])
+        items += step(k)[1:]
+    full, runs = r.stats.full_renders, r.stats.template_runs
+    for k in range(4, 16):
+        log = r.extend(log, step(k)[1:])
+        items += step(k)[1:]
+        assert r.decode(list(r.prompt(log))) == whole.decode(list(whole.prompt(whole.render_full("be brief", EMPTY_TOOLS, items))))
+    assert r.stats.full_renders == full, r.stats
+    assert r.stats.template_runs - runs <= 18, r.stats  # 1.5 per step; 3 without the windows
+    # A new user message moves the system prompt into it: the template rewrites, and it is followed.
+    items += [Message(role="assistant", content="done"), Message(role="user", content="again")]
+    log = r.extend(log, items[-2:])
+    assert r.decode(list(r.prompt(log))) == whole.decode(list(whole.prompt(whole.render_full("be brief", EMPTY_TOOLS, items))))
+
+
+#: User messages and tool outputs say whether the conversation has three calls or more: a
+#: window holding fewer renders its head otherwise than the log, and a new output too, while the
+#: calls themselves do not show it.
+MANY_CALLS = (
+    "{%- set many = (messages | selectattr('tool_calls', 'defined') | list | length) >= 3 %}"
+    "{%- for m in messages %}"
+    "{%- if m.role in ('user', 'tool') %}"
+    "{{- '<|im_start|>' + m.role + (' many' if many else ' few') + '\n' + m.content + '<|im_end|>' }}"
+    "{%- elif m.tool_calls is defined %}"
+    "{{- '<|im_start|>assistant\n' + m.tool_calls | map(attribute='id') | join(',') + '<|im_end|>' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+def test_a_window_whose_head_is_not_the_logs_start_is_not_taken(dirs: dict[str, pathlib.Path]) -> None:
+    """The head's text as the window renders it must be the start of the log's text: here the
+    window (one call, after a system note) renders the user message as of a conversation of few
+    calls, the log (four) of many, and the first output, which the window would add, says few too
+    (no call shows it, and there is no earlier output the window would reach back to). Taken, the
+    prompt would differ from the whole conversation's."""
+    r = hf(dirs, "qwen", window=1, chat_template=MANY_CALLS)
+    whole = hf(dirs, "qwen", window=None, chat_template=MANY_CALLS)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+    for k in range(4):
+        for turn in ([Message(role="system", content=f"note {k}")], step(k)[:2]):
+            log = r.extend(log, turn)
+            items += turn
+    items.append(step(3)[2])
+    log = r.extend(log, items[-1:])
+    assert r.decode(list(r.prompt(log))) == whole.decode(list(whole.prompt(whole.render_full(None, EMPTY_TOOLS, items))))
+
+
 #: Llama 3's original template's shape: no ``add_generation_prompt``, every rendering ends with the
 #: assistant header.
 ALWAYS_HEADER = (
