@@ -50,8 +50,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def prelaunch(pytestconfig: pytest.Config) -> Prelaunch:
-    if PRELAUNCH not in pytestconfig.stash:
-        pytestconfig.stash[PRELAUNCH] = Prelaunch(())
     return pytestconfig.stash[PRELAUNCH]
 
 
