@@ -367,6 +367,10 @@ class VllmProcess:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the server and delete its log."""
         self.stop()
         self.log.unlink(missing_ok=True)
 
@@ -383,5 +387,4 @@ def started(*engines: VllmProcess) -> Iterator[tuple[VllmProcess, ...]]:
         yield engines
     finally:
         for engine in engines:
-            engine.stop()
-            engine.log.unlink(missing_ok=True)
+            engine.close()

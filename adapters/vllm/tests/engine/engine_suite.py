@@ -84,8 +84,7 @@ class Prelaunch:
         for future in self._groups.values():
             if future.done() and not future.cancelled() and future.exception() is None:
                 for engine in future.result().values():
-                    engine.stop()
-                    engine.log.unlink(missing_ok=True)
+                    engine.close()
 
 
 @dataclass
