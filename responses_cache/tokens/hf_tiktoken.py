@@ -66,6 +66,7 @@ cost about a second per 100k-token vocabulary; their verdict is cached on disk b
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -109,8 +110,6 @@ DEEPSEEK_PATTERN = (
     rf"|\s+(?![^\s\p{{N}}{_K}])"
     r"|\s+"
 )
-#: Bumped when the checks change: part of the cached verdict's key.
-_CHECKS_VERSION = 3
 
 
 def literals_pattern(words: Collection[str]) -> str:
@@ -539,13 +538,24 @@ def _cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "responses-cache"
 
 
+@functools.cache
+def _checks_digest() -> str:
+    """The checks' own code (this module's source), part of a cached verdict's key: a verdict is
+    reused only by the code that reached it, so an edited check -- or a bug planted to see a test
+    fail -- checks again instead of reading a verdict another version wrote."""
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    except OSError:  # no source to read (a frozen install): the package's version
+        from .. import __version__
+
+        return __version__
+
+
 def _verdict_key(tokenizer_json: str) -> str:
     import tokenizers
 
     h = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass"))
-    h.update(
-        f"\x00{_CHECKS_VERSION}\x00{tokenizers.__version__}\x00{tiktoken.__version__}".encode()
-    )
+    h.update(f"\x00{_checks_digest()}\x00{tokenizers.__version__}\x00{tiktoken.__version__}".encode())
     return h.hexdigest()
 
 

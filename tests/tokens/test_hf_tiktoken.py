@@ -434,6 +434,20 @@ def test_the_verdict_is_cached_by_the_tokenizer_json(tmp_path: pathlib.Path) -> 
     assert {"verified": True, "last": {"abc": 4}} in kept
 
 
+def test_a_verdict_is_reused_only_by_the_code_that_reached_it(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edited checks (or a bug planted in them) check again: the key holds the checks' code."""
+    import responses_cache.tokens.hf_tiktoken as hf_tiktoken
+
+    js = build_tokenizer("llama3")
+    tok = tokenizers.Tokenizer.from_str(js)
+    assert isinstance(fast_encoder(js, tok, cache_dir=tmp_path), FastEncoder)
+    (verdict,) = (tmp_path / "hf-tiktoken").iterdir()
+    verdict.write_text(json.dumps({"refused": "written by other code"}))
+    monkeypatch.setattr(hf_tiktoken, "_checks_digest", lambda: "edited")
+    assert isinstance(fast_encoder(js, tok, cache_dir=tmp_path), FastEncoder)
+    assert len(list((tmp_path / "hf-tiktoken").iterdir())) == 2
+
+
 # -- DeepSeek V3's three Split steps, as one pattern ---------------------------------------------
 
 _DEEPSEEK_CHARS = (
