@@ -18,6 +18,10 @@ reasoning + call) are timed, each on the log the previous one returned, and repo
   once, then handed back in order, :class:`Replayed`): what the turn would cost with a template
   engine that took no time -- encoding plus the renderer's own bookkeeping (the window's chat
   messages, the certificate, the generation prompt, the log's nodes);
+* ``floor``    -- ``encode`` plus one run of the template over the head (instructions, tools, the
+  user task) and the turn's new items alone: the least any renderer that runs the model's
+  template per turn must spend, before any bookkeeping (what a window of no old items would cost,
+  without the certificate that makes its output the template's);
 * ``engine``   -- ``transformers.apply_chat_template(..., tokenize=True)`` of the whole
   conversation, what an engine's chat endpoint (or ``/tokenize`` with ``messages``) does per turn;
   ``engine / hf`` compares it with ``extend`` + ``prompt`` (materializing the prompt ids).
@@ -47,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.render_history import FILLER, INSTRUCTIONS, new_turn_for, step
-from responses_cache.protocol.items import Item, Message
+from responses_cache.protocol.items import FunctionCall, Item, Message
 from responses_cache.protocol.tools import ToolSet, parse_tools
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf import HFRenderer
@@ -149,6 +153,7 @@ def one_round(
     texts: list[str],
     slow: Any,
     replay: Any,
+    least: list[dict[str, Any]],
 ) -> dict[str, float]:
     """CPU seconds per turn of each of our paths, once, one after the other."""
     n = len(turns)
@@ -157,6 +162,7 @@ def one_round(
         "hf": cpu(lambda: run_turns(r, log, turns)) / n,
         "harmony": cpu(lambda: run_turns(harmony, h_log, h_turns)) / n,
         "encode": cpu(lambda: [r._encode(t) for t in texts]) / n,
+        "least": cpu(lambda: [r._template.render_pair(v) for v in least]) / n,
         "hf-tok": cpu(lambda: run_turns(slow, log, turns)) / n,
         "hf+p": cpu(lambda: run_turns(r, log, turns, prompt=True)) / n,
         "harmony+p": cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n,
@@ -183,6 +189,8 @@ class Case:
     messages: list[dict[str, Any]]
     runs: float
     replay: Any
+    #: Per turn, the template's variables for the head and that turn's items alone.
+    least: list[dict[str, Any]]
     rounds: dict[str, list[float]] = field(default_factory=dict)
 
     def median_ms(self) -> dict[str, float]:
@@ -206,8 +214,12 @@ def prepare(r: Any, harmony: Any, size: int, n: int, path: pathlib.Path) -> Case
     runs0 = r.stats.template_runs
     run_turns(r, log, turns)
     runs = (r.stats.template_runs - runs0) / n
-    messages = chat_messages(INSTRUCTIONS, [*items, *(i for t in turns for i in t)])
-    return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs, replayed(path, r.window, log, turns))
+    every = [*items, *(i for t in turns for i in t)]
+    messages = chat_messages(INSTRUCTIONS, every)
+    names = {i.call_id: i.name for i in every if isinstance(i, FunctionCall)}
+    tools = chat_tools(TOOLS)
+    least = [r._variables(chat_messages(INSTRUCTIONS, [items[0], *turn], calls=names.get), tools) for turn in turns]
+    return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs, replayed(path, r.window, log, turns), least)
 
 
 def main() -> None:
@@ -233,7 +245,7 @@ def main() -> None:
     order = random.Random(args.seed)
     n = args.turns
     print(f"per turn, median of {args.repeat} rounds of {n} consecutive turns, CPU ms; the sizes of a model interleaved\n")
-    print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} {'no-tpl/harm':>11} "
+    print(f"{'model':11} {'history':>8} {'hf':>6} {'harmony':>7} {'hf/harm':>7} {'encode':>6} {'enc/harm':>8} {'no-tpl/harm':>11} {'floor/harm':>10} "
           f"{'hf-tok':>6} {'tok/harm':>8} {'hf+prompt':>9} {'harm+prompt':>11} {'engine':>8} {'engine/hf':>9} {'runs/turn':>9}")
     for name, path in models.items():
         r = get_renderer(f"hf:{path}", window=args.window or None)
@@ -247,7 +259,7 @@ def main() -> None:
         for _ in range(args.repeat):  # every size in each round, in a random order: the box's drift hits all alike
             for size in order.sample(sizes, len(sizes)):
                 case = cases[size]
-                cells = one_round(r, case.log, case.turns, harmony, case.h_log, case.h_turns, case.texts, slow, case.replay)
+                cells = one_round(r, case.log, case.turns, harmony, case.h_log, case.h_turns, case.texts, slow, case.replay, case.least)
                 for key, value in cells.items():
                     case.rounds.setdefault(key, []).append(value)
         if tokenizer is not None:
@@ -258,7 +270,7 @@ def main() -> None:
             engine = f"{med['engine']:8.2f}" if tokenizer is not None else ""
             ratio = f"{med['engine'] / med['hf+p']:8.0f}x" if tokenizer is not None else ""
             print(f"{name:11} {case.log.num_tokens:8d} {med['hf']:6.3f} {med['harmony']:7.3f} {med['hf'] / med['harmony']:6.1f}x "
-                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x {med['no-tpl'] / med['harmony']:10.2f}x "
+                  f"{med['encode']:6.3f} {med['encode'] / med['harmony']:7.1f}x {med['no-tpl'] / med['harmony']:10.2f}x {(med['encode'] + med['least']) / med['harmony']:9.2f}x "
                   f"{med['hf-tok']:6.3f} {med['hf-tok'] / med['harmony']:7.1f}x {med['hf+p']:9.3f} {med['harmony+p']:11.3f} "
                   f"{engine:>8} {ratio:>9} {case.runs:9.2f}")
         small, large = cases[sizes[0]].median_ms(), cases[sizes[-1]].median_ms()

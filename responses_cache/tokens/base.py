@@ -90,6 +90,9 @@ class RenderStats:
     #: ``hf``: runs of the chat template (a windowed turn runs it once when the window of the
     #: previous turn is reused and the generation prompt is the template's final block).
     template_runs: int = 0
+    #: ``hf``: items turned into chat messages for the template (a turn that reuses the window
+    #: converts only its own items).
+    items_converted: int = 0
     #: ``hf``: encodes of template text done by the verified tiktoken encoder
     #: (:mod:`~.hf_tiktoken`)...
     fast_encodes: int = 0

@@ -31,7 +31,8 @@ a long history every turn would cost O(messages). Each turn instead:
   of the window without the new items is known when the previous turn used the same window (its
   certificate, kept on the log as the window's start and length): the window is kept while it
   still satisfies this turn's rule and holds at most twice the items a fresh one would, so a tool
-  step runs the template once, not also over the old window;
+  step runs the template once, not also over the old window (and converts only its own items to
+  chat messages: the window's are kept with the certificate);
 * **tokenizes only the new text**, starting at the last added token (special or not) of the old
   text: the tokenizer splits added tokens out before anything else, so nothing merges across
   that boundary; the few tokens between it and the end of the old text are re-encoded and must
@@ -196,6 +197,10 @@ class _Piece:
     #: to it; a rendering window reaches back to the latest earlier item of each kind the new
     #: items hold.
     last_seen: Mapping[str, int] | None = None
+    #: With ``window``: the chat messages the template got for the head, the window's items and
+    #: this turn's (never changed once built), so that a turn reusing the window converts only its
+    #: own items.
+    messages: list[dict[str, Any]] | None = None
 
 
 _encodings: dict[str, tiktoken.Encoding] = {}
@@ -450,6 +455,7 @@ class HFRenderer:
     def _messages(
         self, instructions: str | None, items: Sequence[Item], *, first_new: int = 0, calls: Callable[[str], str | None] | None = None
     ) -> list[dict[str, Any]]:
+        self._stats.items_converted += len(items)
         return chat_messages(instructions, items, first_new=first_new, calls=calls, arguments=self._arguments)
 
     def _arguments(self, text: str) -> dict[str, Any]:
@@ -765,7 +771,14 @@ class HFRenderer:
         def lookup(call_id: str) -> str | None:
             return find_call(node, call_id)
 
-        new_messages = self._messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
+        # The window's messages: kept from the turn before when it is reused.
+        messages = tip.messages if reused is not None else None
+        if messages is None:
+            messages = self._messages(header.instructions, window, calls=lookup)
+        if _starts_group(items[0], tip):  # the window's last message is complete: add the new ones
+            new_messages = [*messages, *self._messages(None, items, calls=lookup)]
+        else:
+            new_messages = self._messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
         try:
             old_tail, whole = "", False
             if reused is not None and tip.window is not None:
@@ -774,7 +787,7 @@ class HFRenderer:
                 before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
                 assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
             else:
-                before = self._render(self._messages(header.instructions, window, calls=lookup), header.tools, False)
+                before = self._render(messages, header.tools, False)
             after, prompt_text = self._render_pair(new_messages, header.tools)
         except RenderError:
             return None  # e.g. a template checking alternation by position: render all
@@ -799,7 +812,7 @@ class HFRenderer:
         if gen is None or gen[1] is None:
             return None
         certified = (tail[0].index, len(recent) + len(added))
-        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, certified, head_text)
+        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, certified, head_text, new_messages)
 
     def _head_in_context(self, node: Node, tail: list[Node], before: str) -> str | None:
         """The head's text as the window renders it, when that is not its text alone (Mistral's
@@ -867,10 +880,12 @@ class HFRenderer:
         gen: tuple[str | None, array[int] | None, array[int] | None],
         window: tuple[int, int] | None = None,
         head_text: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
     ) -> TokenLog:
         """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
         ``JOINED``; the last one holds the generation prompt ``gen`` (and ``window``, certified
-        with ``head_text``, the head's text in the window when it is not the parent's)."""
+        with ``head_text``, the head's text in the window when it is not the parent's, and the
+        window's ``messages``)."""
         ctx = node.ctx
         parent = self._piece(node)
         header = parent.header
@@ -888,7 +903,7 @@ class HFRenderer:
             piece = _Piece(item, text if k == 0 else "", header, head, head_text)
             if k == last:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen
-                piece.window, piece.last_seen = window, seen
+                piece.window, piece.last_seen, piece.messages = window, seen, messages
             node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
         return TokenLog(node)
 

@@ -24,6 +24,7 @@ def test_reports_every_size_and_the_flatness(tmp_path: pathlib.Path, capsys: pyt
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("qwen")]
     assert len(lines) == 3 and "flatness" in lines[-1], lines
     assert all(line.split()[7].endswith("x") for line in lines[:2]), lines  # the no-tpl / harmony column
+    assert all(line.split()[8].endswith("x") for line in lines[:2]), lines  # the floor / harmony column
 
 
 def test_the_replayed_template_gives_the_same_logs(tmp_path: pathlib.Path) -> None:

@@ -114,6 +114,28 @@ def test_a_tool_loop_runs_the_template_about_once_per_turn(dirs: dict[str, pathl
     assert r.stats.template_runs - runs <= 16, r.stats
 
 
+def test_a_tool_step_converts_only_its_own_items_to_messages(dirs: dict[str, pathlib.Path]) -> None:
+    """A turn that reuses the window reuses its chat messages: it converts its own items only, and
+    the one that moves the window converts that window once -- the same prompts as without."""
+    r = hf(dirs, "qwen")
+    reference = hf(dirs, "qwen", window=None)
+    items: list[Item] = [Message(role="user", content="Fix it. " + LOREM)]
+    log = r.extend(r.begin("be careful", TOOLS), items)
+    for k in range(6):
+        log = r.extend(log, step(k))
+        items += step(k)
+    converted = []
+    for k in range(6, 24):
+        before, runs = r.stats.items_converted, r.stats.template_runs
+        log = r.extend(log, step(k))
+        items += step(k)
+        assert r.prompt(log) == reference.prompt(reference.render_full("be careful", TOOLS, items))
+        converted.append(r.stats.items_converted - before)
+        if r.stats.template_runs - runs == 1:  # the window was reused
+            assert converted[-1] == 3
+    assert sum(c == 3 for c in converted) >= 12 and max(converted) <= 1 + 2 * (r.window or 0) + 3, converted
+
+
 @pytest.mark.parametrize(
     ("source", "one_run"),
     [
