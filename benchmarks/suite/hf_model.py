@@ -56,7 +56,7 @@ def build(out: pathlib.Path, architecture: str, context: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("models", nargs="+", help="MODEL_DIR:ARCHITECTURE (Qwen2ForCausalLM or LlamaForCausalLM)")
-    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--context", type=int, default=32768)
     args = parser.parse_args(argv)
     for model in args.models:
         out, architecture = model.rsplit(":", 1)

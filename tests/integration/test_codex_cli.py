@@ -6,51 +6,40 @@ The CLI comes from the npm registry (``@openai/codex``, pinned) and is cached un
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.npm, pytest.mark.subprocess, pytest.mark.slow]
+from tests.codex_cli import codex_binary, codex_exec
 
-CODEX_VERSION = "0.171.0"
-CONFIG = Path(__file__).resolve().parents[2] / "examples" / "codex" / "config.toml"
+pytestmark = [pytest.mark.npm, pytest.mark.subprocess, pytest.mark.slow]
 
 
 @pytest.fixture(scope="session")
 def codex_bin() -> Path:
-    explicit = os.environ.get("CODEX_BIN")
-    if explicit:
-        return Path(explicit)
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: cannot install the Codex CLI")
-    prefix = Path.home() / ".cache" / "responses-cache" / f"codex-{CODEX_VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@openai/codex@{CODEX_VERSION}"],
-            check=True, timeout=600, stdin=subprocess.DEVNULL,
-        )
-    return binary
+    return codex_binary()
 
 
-def test_codex_exec_runs_a_shell_command_over_websocket(codex_bin: Path, responses_cache_server_factory: Any, tmp_path: Path) -> None:
-    server = responses_cache_server_factory()
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    config = CONFIG.read_text().replace("http://127.0.0.1:8000/v1", server.http_url)
-    (home / "config.toml").write_text(config)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {"PATH": os.environ["PATH"], "CODEX_HOME": str(home), "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [str(codex_bin), "exec", "--skip-git-repo-check", "--ephemeral", "Run `echo hello-from-codex` and tell me the output."],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
-    )
+@pytest.mark.parametrize("renderer", ["harmony", "hf:qwen3"])
+def test_codex_exec_runs_a_shell_command_over_websocket(
+    codex_bin: Path, responses_cache_server_factory: Any, tmp_path: Path, renderer: str
+) -> None:
+    """On the default renderer, and on a real model's own template and tokenizer (Qwen3's
+    published files, the ``hf`` renderer): Codex's instructions, developer and environment
+    messages, tool set and reasoning items go through that template, and the simulated engine
+    answers in Qwen's format."""
+    from responses_cache.app import DEFAULT_CONTEXT_WINDOW, default_router
+    from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
+
+    if renderer.startswith("hf:"):
+        from tests.tokens.hf_assets import require_real_model
+
+        renderer = f"hf:{require_real_model(renderer[3:])}"
+    router = default_router(SimulatedEngine(SimulatedConfig(instant=True)), renderer, DEFAULT_CONTEXT_WINDOW)
+    route = router.resolve("sim-1", "")
+    server = responses_cache_server_factory(router=router)
+    done = codex_exec(codex_bin, server.http_url, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hello-from-codex" in done.stdout
     assert "Falling back" not in done.stderr
@@ -59,3 +48,5 @@ def test_codex_exec_runs_a_shell_command_over_websocket(codex_bin: Path, respons
     assert metrics.total("responses_completed_total", transport="http") == 0
     assert metrics.total("warmups_total", transport="websocket") == 1
     assert metrics.total("cache_hits_total", transport="websocket") >= 2
+    stats = route.renderer.stats
+    assert stats.items_rendered > 0 and stats.rewinds == 0, stats

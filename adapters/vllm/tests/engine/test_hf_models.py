@@ -12,13 +12,16 @@ What is checked, per family: the adapter's tokenizer handshake passes with the m
 and refuses another family's (and a tokenizer whose pre-tokenizer differs from the engine's); SDK
 WebSocket turns (a tool loop: calls, outputs, reasoning, answers) through the vLLM adapter, with
 the cached tokens growing every turn, and every prompt the adapter sent equal to the engine's
-own ``POST /tokenize`` of the same messages; and, over random conversations, the renderer's ids
-equal that ``/tokenize``.
+own ``POST /tokenize`` of the same messages; the real Codex CLI's first turn (its instructions,
+developer messages and tool set, after its warm-up) through the adapter with Qwen3's files, the
+prompt equal to that ``/tokenize``; and, over random conversations, the renderer's ids equal that
+``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import tempfile
@@ -34,12 +37,14 @@ from responses_cache_vllm import EngineBackend, HandshakeError
 
 from benchmarks.suite import vllmproc
 from responses_cache import create_app
+from responses_cache.backends.base import GenerationRequest
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet, parse_tools
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import engine_messages
+from tests.codex_cli import codex_binary, codex_exec
 from tests.tokens._strategies import examples, instructions, items_, tool_sets
 from tests.tokens.hf_assets import (
     FAMILIES,
@@ -53,6 +58,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 #: Family (``hf_assets``) -> the architecture its tiny model is built with.
 MODELS = {"qwen3-real": "Qwen2ForCausalLM", "llama3": "LlamaForCausalLM", "deepseek-v4": "LlamaForCausalLM"}
+#: The families' engines' context window (the tiny models are built with ``hf_model.py``'s).
+CONTEXT = 32768
 #: Each family's wrong renderer: another family's files.
 WRONG = {"qwen3-real": "llama3", "llama3": "deepseek-v4", "deepseek-v4": "qwen3-real"}
 
@@ -107,8 +114,9 @@ def _families(python: pathlib.Path) -> dict[str, vllmproc.VllmProcess]:
     with tempfile.TemporaryDirectory(prefix="hf-families-") as root:
         found = {f: directory for f in MODELS if (directory := files(f, pathlib.Path(root))) is not None}
         built = vllmproc.hf_models(python, {f"tiny-{f}": (found[f], MODELS[f]) for f in found})
+    # A context long enough for Codex's first prompt (~9k tokens with Qwen3's files).
     return {f: vllmproc.VllmProcess(python, built[f"tiny-{f}"], served_name=f, middleware=None, api_key=KEY,
-                                    fast_start=True, nice=NICE) for f in found}
+                                    max_model_len=CONTEXT, fast_start=True, nice=NICE) for f in found}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +229,101 @@ def test_sdk_turns_send_the_engines_own_prompt_and_reuse_the_cache(
         kept = _common_prefix(recorder.prompts[n - 1], recorder.prompts[n])
         assert cached[n - 1] < cached[n] < inputs[n] and cached[n] >= kept, (n, inputs, cached, kept)
         assert hits[n] >= (cached[n] // 32 - 1) * 32, (n, cached, hits)
+
+
+class Capped:
+    """A backend whose answers stop after ``tokens`` tokens (an operator's length limit: a tiny
+    random model's noise never ends by itself, and Codex sets no ``max_output_tokens``)."""
+
+    def __init__(self, backend: EngineBackend, tokens: int) -> None:
+        self._backend, self._tokens = backend, tokens
+
+    def generate(self, request: GenerationRequest) -> Any:
+        return self._backend.generate(self._capped(request))
+
+    async def open_stream(self, request: GenerationRequest) -> Any:
+        return await self._backend.open_stream(self._capped(request))
+
+    def _capped(self, request: GenerationRequest) -> GenerationRequest:
+        return dataclasses.replace(request, max_output_tokens=self._tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+class Tap:
+    """The app, with every WebSocket frame the client sent and the server answered kept in order."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = app.state
+        self.frames: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+
+        async def received() -> Any:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                self.frames.append(("client", json.loads(message.get("text") or message["bytes"])))
+            return message
+
+        async def sent(message: Any) -> None:
+            if message["type"] == "websocket.send":
+                self.frames.append(("server", json.loads(message.get("text") or message["bytes"])))
+            await send(message)
+
+        await self.app(scope, received, sent)
+
+    def conversations(self) -> list[tuple[str | None, ToolSet, list[Item]]]:
+        """Per generated response (not warm-ups): its instructions, tools and the whole
+        conversation its prompt stands for (every input of the chain and the earlier answers)."""
+        out: list[tuple[str | None, ToolSet, list[Item]]] = []
+        conversation: list[dict[str, Any]] = []
+        create: dict[str, Any] = {}
+        for side, frame in self.frames:
+            if side == "client" and frame.get("type") == "response.create":
+                create = frame
+                conversation += frame.get("input") or []
+            elif side == "server" and frame.get("type") in ("response.completed", "response.incomplete"):
+                if create.get("generate", True) is not False:
+                    tools = parse_tools(json.dumps(create.get("tools") or []).encode())
+                    out.append((create.get("instructions"), tools, decode_input(json.dumps(conversation).encode())))
+                conversation += [_as_input(item) for item in frame["response"]["output"]]
+        return out
+
+
+def test_codex_sends_the_engines_own_prompt(
+    served: dict[str, Served], responses_cache_server_factory: Callable[..., Any], tmp_path: pathlib.Path
+) -> None:
+    """The real Codex CLI through the vLLM adapter with Qwen3's published files: its instructions,
+    developer and environment messages and tool set (function and freeform tools) make a prompt
+    equal to vLLM's own ``/tokenize`` of the same messages and tools (vLLM applying Qwen3's
+    template itself), over WebSocket mode."""
+    if "qwen3-real" not in served:
+        pytest.skip("npm is not installed: cannot fetch Qwen3's files")
+    codex = codex_binary()
+    family = served["qwen3-real"]
+    recorder = Recorder()
+    tap = Tap(create_app(backend=Capped(family.backend(transport=recorder), 8), renderer=family.template, api_keys=[KEY]))
+    server = responses_cache_server_factory(tap)
+    done = codex_exec(codex, server.http_url, tmp_path, model=family.family, api_key=KEY)
+    conversations = tap.conversations()
+    assert conversations and len(recorder.prompts) == len(conversations), (done.stderr[-3000:], tap.frames[-3:])
+    for n, (instr, tools, items) in enumerate(conversations):
+        assert tools.tools, "Codex sends its tool set"
+        assert recorder.prompts[n] == family.tokenize(instr, tools, items), (
+            n, family.renderer.decode(recorder.prompts[n])[-2000:], family.renderer.decode(family.tokenize(instr, tools, items))[-2000:])
+    # The answer (cut at 8 tokens, which Codex reports as incomplete) extended the warm-up's log:
+    # the instructions, tools and context Codex sent with it were served from the cache.
+    final = [f["response"] for side, f in tap.frames if side == "server" and f.get("type") == "response.incomplete"][-1]
+    assert final["usage"]["input_tokens"] == len(recorder.prompts[-1]), final["usage"]
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] > 0, final["usage"]
+    assert "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
+    metrics = server.app.state.metrics
+    assert metrics.total("responses_completed_total", transport="http") == 0
+    assert metrics.total("warmups_total", transport="websocket") == 1
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

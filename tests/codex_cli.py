@@ -1,0 +1,57 @@
+"""The real Codex CLI, for the tests that drive it: installed from the npm registry (``@openai/codex``,
+pinned) into ``~/.cache/responses-cache/codex-<version>`` (or ``$CODEX_BIN``), and run against a
+server with the provider configuration users copy (``examples/codex/config.toml``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CODEX_VERSION = "0.171.0"
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "codex" / "config.toml"
+TASK = "Run `echo hello-from-codex` and tell me the output."
+
+
+def codex_binary() -> Path:
+    """The CLI, installed on first use; the calling test is skipped where npm is missing."""
+    explicit = os.environ.get("CODEX_BIN")
+    if explicit:
+        return Path(explicit)
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the Codex CLI")
+    prefix = Path.home() / ".cache" / "responses-cache" / f"codex-{CODEX_VERSION}"
+    binary = prefix / "node_modules" / ".bin" / "codex"
+    if not binary.exists():
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@openai/codex@{CODEX_VERSION}"],
+            check=True, timeout=600, stdin=subprocess.DEVNULL,
+        )
+    return binary
+
+
+def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None = None, task: str = TASK,
+               api_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``codex exec`` of ``task`` against the server at ``base_url`` (``…/v1``) over WebSocket mode,
+    in a throwaway home and working directory under ``tmp_path``."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    config = CONFIG.read_text().replace("http://127.0.0.1:8000/v1", base_url)
+    if model is not None:
+        config = config.replace('model = "sim-1"', f'model = "{model}"')
+    if api_key is not None:
+        config = config.replace('# env_key = "RESPONSES_CACHE_API_KEY"', 'env_key = "RESPONSES_CACHE_API_KEY"')
+    (home / "config.toml").write_text(config)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "CODEX_HOME": str(home), "HOME": str(tmp_path)}
+    if api_key is not None:
+        env["RESPONSES_CACHE_API_KEY"] = api_key
+    return subprocess.run(
+        [str(binary), "exec", "--skip-git-repo-check", "--ephemeral", task],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+    )
