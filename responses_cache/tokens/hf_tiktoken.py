@@ -545,10 +545,13 @@ def _checks_digest() -> str:
     fail -- checks again instead of reading a verdict another version wrote."""
     try:
         return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    except OSError:  # no source to read (a frozen install): the package's version
-        from .. import __version__
+    except OSError:  # no source to read (a frozen install): the distribution's version
+        from importlib.metadata import PackageNotFoundError, version
 
-        return __version__
+        try:
+            return version("responses-cache")
+        except PackageNotFoundError:
+            return "unknown"
 
 
 def _verdict_key(tokenizer_json: str) -> str:

