@@ -61,13 +61,15 @@ if TYPE_CHECKING:
 
 
 class RecordingBackend:
-    """Records each request, then delegates to ``inner`` (an instant simulated engine by default)."""
-
-    accepts_media = True
+    """Records each request, then delegates to ``inner`` (an instant simulated engine by default).
+    Everything else is ``inner``'s -- its lifecycle (``start``, ``aclose``), context window, media
+    support, and a preflight ``open_stream`` (whose requests are recorded too) -- so a real
+    adapter wrapped in it starts, checks and streams as it would alone."""
 
     def __init__(self, inner: Backend | None = None) -> None:
         self.inner: Backend = inner or SimulatedEngine(SimulatedConfig(instant=True))
         self.requests: list[GenerationRequest] = []
+        self.accepts_media = bool(getattr(self.inner, "accepts_media", True))
 
     def models(self) -> Sequence[str]:
         return self.inner.models()
@@ -76,6 +78,20 @@ class RecordingBackend:
         self.requests.append(request)
         async for event in self.inner.generate(request):
             yield event
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): nothing to delegate to
+            raise AttributeError(name)
+        found = getattr(self.inner, name)
+        if name != "open_stream":
+            return found
+
+        async def open_stream(request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+            self.requests.append(request)
+            opened: AsyncGenerator[BackendEvent, None] = await found(request)
+            return opened
+
+        return open_stream
 
 
 class ScriptedBackend:

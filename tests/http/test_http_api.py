@@ -224,7 +224,7 @@ def test_media_parts_reach_backends_that_take_them(responses_cache_server_factor
     assert isinstance(message, Message) and isinstance(message.content, list)
     assert message.content[1] == InputImage(image_url="data:,x")
 
-    recorder.accepts_media = False  # type: ignore[misc]
+    recorder.accepts_media = False
     r = _post(server, {"model": "sim-1", "input": [image]})
     _assert_error(r, 400, "unsupported_value", "input[0].content")
 

@@ -40,6 +40,7 @@ from responses_cache.backends.base import GenerationRequest
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet, parse_tools
+from responses_cache.testing import RecordingBackend
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import engine_messages
@@ -230,35 +231,20 @@ def test_sdk_turns_send_the_engines_own_prompt_and_reuse_the_cache(
         assert hits[n] >= (cached[n] // 32 - 1) * 32, (n, cached, hits)
 
 
-class Recording:
-    """A backend that keeps what each generation stands for -- the instructions, tools and whole
-    conversation -- with the prompt the renderer made for it; ``tokens``: answers stop after that
-    many (an operator's length limit: a tiny random model's noise never ends by itself, and Codex
-    sets no ``max_output_tokens``)."""
+class Capped:
+    """An engine whose answers stop after ``tokens`` tokens (an operator's length limit: a tiny
+    random model's noise never ends by itself, and Codex sets no ``max_output_tokens``)."""
 
-    def __init__(self, backend: Any, tokens: int | None = None) -> None:
+    def __init__(self, backend: EngineBackend, tokens: int) -> None:
         self._backend, self._tokens = backend, tokens
-        self.generations: list[tuple[str | None, ToolSet, list[Item], list[int]]] = []
 
     def generate(self, request: GenerationRequest) -> Any:
-        return self._backend.generate(self._seen(request))
-
-    def _seen(self, request: GenerationRequest) -> GenerationRequest:
-        assert request.prompt is not None
-        self.generations.append(
-            (request.instructions, request.tools, list(request.conversation.items()), list(request.prompt.tokens()))
-        )
-        return request if self._tokens is None else dataclasses.replace(request, max_output_tokens=self._tokens)
+        return self._backend.generate(dataclasses.replace(request, max_output_tokens=self._tokens))
 
     def __getattr__(self, name: str) -> Any:
-        found = getattr(self._backend, name)
-        if name != "open_stream":  # the adapter's preflight: the pipeline opens the stream with it
-            return found
-
-        async def open_stream(request: GenerationRequest) -> Any:
-            return await found(self._seen(request))
-
-        return open_stream
+        if name == "open_stream":  # no preflight: the pipeline streams with generate
+            raise AttributeError(name)
+        return getattr(self._backend, name)
 
 
 @pytest.mark.parametrize("engine", ["simulated", "vllm"])
@@ -279,28 +265,27 @@ def test_codex_prompts_equal_the_engines_own(
     codex = codex_binary()
     family = served["qwen3-real"]
     recorder = Recorder()
-    backend = (
-        Recording(family.backend(transport=recorder), tokens=8)
-        if engine == "vllm"
-        else Recording(SimulatedEngine(SimulatedConfig(instant=True)))
-    )
+    inner = Capped(family.backend(transport=recorder), 8) if engine == "vllm" else SimulatedEngine(SimulatedConfig(instant=True))
+    backend = RecordingBackend(inner)
     server = responses_cache_server_factory(create_app(backend=backend, renderer=family.template, api_keys=[KEY]))
     done = codex_exec(codex, server.http_url, tmp_path, model=family.family, api_key=KEY)
-    assert backend.generations, done.stderr[-3000:]
-    for n, (instr, tools, items, prompt) in enumerate(backend.generations):
-        assert tools.tools, "Codex sends its tool set"
-        expected = family.tokenize(instr, tools, items)
-        assert prompt == expected, (n, family.renderer.decode(prompt)[-2000:], family.renderer.decode(expected)[-2000:])
+    assert backend.requests, done.stderr[-3000:]
+    prompts = []
+    for n, request in enumerate(backend.requests):
+        assert request.prompt is not None and request.tools.tools, "Codex sends its tool set"
+        prompts.append(list(request.prompt.tokens()))
+        expected = family.tokenize(request.instructions, request.tools, request.conversation.items())
+        assert prompts[-1] == expected, (n, family.renderer.decode(prompts[-1])[-2000:], family.renderer.decode(expected)[-2000:])
     metrics = server.app.state.metrics
     assert metrics.total("responses_completed_total", transport="http") == 0
     assert metrics.total("warmups_total", transport="websocket") == 1
-    assert metrics.total("cache_hits_total", transport="websocket") == len(backend.generations)
+    assert metrics.total("cache_hits_total", transport="websocket") == len(backend.requests)
     if engine == "vllm":
-        assert recorder.prompts == [prompt for *_, prompt in backend.generations]
+        assert recorder.prompts == prompts
         assert "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
     else:
         assert done.returncode == 0 and "hello-from-codex" in done.stdout, done.stderr[-3000:]
-        assert len(backend.generations) >= 2, backend.generations  # the call, then the answer
+        assert len(backend.requests) >= 2, backend.requests  # the call, then the answer
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
