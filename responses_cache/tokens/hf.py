@@ -71,6 +71,7 @@ Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from array import array
@@ -99,6 +100,8 @@ from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_ca
 
 if TYPE_CHECKING:
     from .parsing import OutputParser
+
+logger = logging.getLogger("responses_cache.tokens")
 
 History = Literal["template", "keep"]
 
@@ -337,6 +340,17 @@ class HFRenderer:
         self._stops = tuple(dict.fromkeys(ids))
         self._template_tokens = dict(files.template_tokens)
         self._gen_prompt = self._typical_generation_prompt()
+        #: Whether the template writes a request's tool definitions, and an assistant message's
+        #: tool calls (probed at load: a template without them leaves the model blind to tools
+        #: or to its own earlier calls, as the engine's chat endpoint would; logged as a warning).
+        self.renders_tools, self.renders_calls = self._tool_support()
+        for renders, what in ((self.renders_tools, "tool definitions"), (self.renders_calls, "assistant tool calls")):
+            if not renders:
+                logger.warning(
+                    "the chat template of %s does not write %s: the model will not see them (nor would it "
+                    "through the engine's chat endpoint); give the renderer a tool-capable template "
+                    "(chat_template=...) to serve tool-using clients", self._name, what,
+                )
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -570,6 +584,23 @@ class HFRenderer:
             return array("I")
         _, gen, _ = self._generation(text, full)
         return gen if gen is not None else array("I")
+
+    def _tool_support(self) -> tuple[bool, bool]:
+        """(tool definitions written, tool calls written): whether the template's text changes
+        when a probe tool is declared, and when an assistant message carries a probe call. A
+        template that refuses a probe is taken to write it (it reads it)."""
+        tool = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.", "parameters": {"type": "object", "properties": {}}}}
+        call = {"id": "probecall", "type": "function", "function": {"name": "probe_tool", "arguments": {}}}
+        user = {"role": "user", "content": "x"}
+
+        def differs(a: list[dict[str, Any]], b: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+            try:
+                return self._render(a, tools, False) != self._render(b, [tool] if tools is None else tools, False)
+            except RenderError:
+                return True
+
+        answer = {"role": "assistant", "content": ""}
+        return differs([user], [user], None), differs([user, answer], [user, {**answer, "tool_calls": [call]}], [tool])
 
     def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
         """A log holding the header: the template's text for the instructions and tools alone

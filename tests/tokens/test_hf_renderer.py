@@ -137,6 +137,32 @@ def test_a_tool_step_converts_only_its_own_items_to_messages(dirs: dict[str, pat
 
 
 @pytest.mark.parametrize(
+    ("template", "tools", "calls"),
+    [
+        (None, True, True),  # the family's own (Qwen's): both
+        ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", False, False),
+        # DeepSeek-V3's way: definitions written, calls only for a message whose content is None
+        ("{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}"
+         "{% if m.content is none %}{{ m.tool_calls | tojson }}{% endif %}{% endfor %}", True, False),
+    ],
+)
+def test_a_template_blind_to_tools_is_reported_at_load(
+    dirs: dict[str, pathlib.Path], caplog: pytest.LogCaptureFixture, template: str | None, tools: bool, calls: bool
+) -> None:
+    """A template that writes no tool definitions, or no calls in an assistant message (as the
+    chat messages carry them: ``content: ""``), leaves the model blind to them: probed at load,
+    a warning says so."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="responses_cache.tokens"):
+        r = hf(dirs, "qwen", chat_template=template) if template else hf(dirs, "qwen")
+    assert (r.renders_tools, r.renders_calls) == (tools, calls)
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert ("does not write tool definitions" in said) is not tools, said
+    assert ("does not write assistant tool calls" in said) is not calls, said
+
+
+@pytest.mark.parametrize(
     ("source", "one_run"),
     [
         # the generation prompt is the final block: one run
