@@ -348,8 +348,9 @@ class HFRenderer:
             if not renders:
                 logger.warning(
                     "the chat template of %s does not write %s: the model will not see them (nor would it "
-                    "through the engine's chat endpoint); give the renderer a tool-capable template "
-                    "(chat_template=...) to serve tool-using clients", self._name, what,
+                    "through the engine's chat endpoint); to serve tool-using clients, give the renderer and "
+                    "the engine a tool-capable template (chat_template.jinja in the model directory, or "
+                    "chat_template=...)", self._name, what,
                 )
 
     # -- identity -------------------------------------------------------------------------------

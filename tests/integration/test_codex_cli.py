@@ -21,14 +21,15 @@ def codex_bin() -> Path:
     return codex_binary()
 
 
-@pytest.mark.parametrize("renderer", ["harmony", "hf:qwen3", "hf:qwen2.5"])
+@pytest.mark.parametrize("renderer", ["harmony", "hf:qwen3"])
 def test_codex_exec_runs_a_shell_command_over_websocket(
     codex_bin: Path, responses_cache_server_factory: Any, tmp_path: Path, renderer: str
 ) -> None:
-    """On the default renderer, and on real models' own templates and tokenizers (Qwen3's and
-    Qwen2.5's published files, the ``hf`` renderer): Codex's instructions, developer and
-    environment messages, tool set and reasoning items go through that template, and the simulated
-    engine answers in Qwen's format. (The other real templates the tests fetch cannot serve Codex:
+    """On the default renderer, and on a real model's own template and tokenizer (Qwen3's
+    published files, the ``hf`` renderer): Codex's instructions, developer and environment
+    messages, tool set and reasoning items go through that template, and the simulated engine
+    answers in Qwen's format. (Of the other real templates the tests fetch, Qwen2.5's serves Codex
+    too; the others cannot:
     Mistral Nemo's and Gemma 3's refuse a developer message followed by user messages, the Llama 3,
     3.1 and DeepSeek-V3 ones in those packages write no tool definitions -- see docs/codex.md.)"""
     from responses_cache.app import DEFAULT_CONTEXT_WINDOW, default_router
