@@ -44,6 +44,7 @@ def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None
     if model is not None:
         config = config.replace('model = "sim-1"', f'model = "{model}"')
     if api_key is not None:
+        assert '# env_key = "RESPONSES_CACHE_API_KEY"' in config, "the example's commented key line moved"
         config = config.replace('# env_key = "RESPONSES_CACHE_API_KEY"', 'env_key = "RESPONSES_CACHE_API_KEY"')
     (home / "config.toml").write_text(config)
     work = tmp_path / "work"

@@ -594,14 +594,19 @@ class HFRenderer:
         call = {"id": "probecall", "type": "function", "function": {"name": "probe_tool", "arguments": {}}}
         user = {"role": "user", "content": "x"}
 
-        def differs(a: list[dict[str, Any]], b: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+        answer = {"role": "assistant", "content": ""}
+        Rendering = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]  # (messages, tools)
+
+        def changes(plain: Rendering, probed: Rendering) -> bool:
             try:
-                return self._render(a, tools, False) != self._render(b, [tool] if tools is None else tools, False)
+                return self._render(*plain, False) != self._render(*probed, False)
             except RenderError:
                 return True
 
-        answer = {"role": "assistant", "content": ""}
-        return differs([user], [user], None), differs([user, answer], [user, {**answer, "tool_calls": [call]}], [tool])
+        return (
+            changes(([user], None), ([user], [tool])),
+            changes(([user, answer], [tool]), ([user, {**answer, "tool_calls": [call]}], [tool])),
+        )
 
     def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
         """A log holding the header: the template's text for the instructions and tools alone

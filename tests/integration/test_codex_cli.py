@@ -29,9 +29,9 @@ def test_codex_exec_runs_a_shell_command_over_websocket(
     published files, the ``hf`` renderer): Codex's instructions, developer and environment
     messages, tool set and reasoning items go through that template, and the simulated engine
     answers in Qwen's format. (Of the other real templates the tests fetch, Qwen2.5's serves Codex
-    too; the others cannot:
-    Mistral Nemo's and Gemma 3's refuse a developer message followed by user messages, the Llama 3,
-    3.1 and DeepSeek-V3 ones in those packages write no tool definitions -- see docs/codex.md.)"""
+    too; the others cannot: Mistral Nemo's and Gemma 3's refuse a developer message followed by
+    user messages, and the Llama 3, 3.1 and DeepSeek-V3 ones in those packages write no tool
+    definitions -- see docs/codex.md.)"""
     from responses_cache.app import DEFAULT_CONTEXT_WINDOW, default_router
     from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
 

@@ -14,7 +14,8 @@ WebSocket turns (a tool loop: calls, outputs, reasoning, answers) through the vL
 the cached tokens growing every turn, and every prompt the adapter sent equal to the engine's
 own ``POST /tokenize`` of the same messages; the real Codex CLI with each family's files (its
 whole task on the simulated engine, its first turn through the adapter), every prompt equal to
-that ``/tokenize``; and, over random conversations, the renderer's ids equal that ``/tokenize``. The engines' context is 32k tokens (Codex's first prompt is ~9k).
+that ``/tokenize``; and, over random conversations, the renderer's ids equal that ``/tokenize``.
+The engines' context is 32k tokens (Codex's first prompt is ~9k).
 """
 
 from __future__ import annotations
