@@ -773,9 +773,14 @@ class HFRenderer:
         # State a template carries from the first message of a kind (DeepSeek-V3's opens its tool
         # outputs block at the conversation's first tool output only, its calls block at the first
         # call): the window reaches back to the latest earlier item of each kind the new items
-        # hold (unless the head has it), so the template is in the same state for the new items.
+        # hold (unless the head has it), so the template is in the same state for the new items;
+        # and to the latest system or developer message after the head: a template that takes one
+        # only at the start, or checks the roles' alternation by position (Gemma 3's takes [user,
+        # system] and refuses [user, system, assistant]), refuses the conversation for it, which a
+        # window without it would not show.
         seen = tip.last_seen or {}
-        reach = min((seen[k] for k in {_kind(i) for i in items} if seen.get(k, -1) >= len(head)), default=node.index)
+        kinds = {_kind(i) for i in items} | {"system", "developer"}
+        reach = min((seen[k] for k in kinds if seen.get(k, -1) >= len(head)), default=node.index)
         tail: list[Node] = []
         cur: Node | None = node
         while cur is not None and cur.index >= len(head):

@@ -136,6 +136,27 @@ def test_a_tool_step_converts_only_its_own_items_to_messages(dirs: dict[str, pat
     assert sum(c == 3 for c in converted) >= 12 and max(converted) <= 1 + 2 * (r.window or 0) + 3, converted
 
 
+def test_a_window_sees_a_system_message_a_template_refuses_later(dirs: dict[str, pathlib.Path]) -> None:
+    """A template checking the roles' alternation by position (as Gemma 3's does) takes a system
+    message after the first user message, and refuses the assistant message after it: the window
+    reaches back to that system message, so the renderer refuses the conversation too (found by
+    the oracle over Gemma 3's files: an empty reasoning item after the system message let the
+    window start past it, and the prompt went out)."""
+    alternating = (
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    old = [Message(role="user", content="a"), Message(role="system", content="s"),
+           Reasoning(summary=[], content=[ReasoningText("")])]  # no text: no message, a window start
+    new = [Reasoning(summary=[], content=[ReasoningText("thinking")])]  # an assistant message
+    for window in (1, None):
+        r = hf(dirs, "qwen", chat_template=alternating, window=window)
+        log = r.extend(r.begin(None, EMPTY_TOOLS), old)
+        with pytest.raises(TemplateRenderError, match="roles must alternate"):
+            r.extend(log, new)
+
+
 @pytest.mark.parametrize(
     ("template", "tools", "calls"),
     [
