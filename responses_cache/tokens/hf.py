@@ -21,9 +21,10 @@ a long history every turn would cost O(messages). Each turn instead:
   analysis); a tool step (outputs, reasoning, calls) needs only the last few items. The window
   also reaches back to the latest earlier item of each kind the new items hold (unless the head
   has one): templates keep state only the first item of a kind sets (DeepSeek-V3 opens its tool
-  outputs block at the conversation's first output). A turn that
-  adds a system or developer message renders the whole conversation (templates gather those into
-  a header before the window);
+  outputs block at the conversation's first output), and to the latest system or developer
+  message after the head (templates checking roles by position refuse what follows one). A turn
+  that adds a system or developer message renders the whole conversation (templates gather those
+  into a header before the window);
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
   the log's text, and adding the new items must only append to it; otherwise (a short
   conversation, a template that rewrites, a window that renders the old items differently) the
