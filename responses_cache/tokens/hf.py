@@ -91,7 +91,7 @@ from ..protocol.items import (
     Item,
     Message,
 )
-from ..protocol.tools import ToolSet
+from ..protocol.tools import ToolSet, parse_tools
 from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
@@ -591,11 +591,11 @@ class HFRenderer:
         """(tool definitions written, tool calls written): whether the template's text changes
         when a probe tool is declared, and when an assistant message carries a probe call. A
         template that refuses a probe is taken to write it (it reads it)."""
-        tool = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.", "parameters": {"type": "object", "properties": {}}}}
-        call = {"id": "probecall", "type": "function", "function": {"name": "probe_tool", "arguments": {}}}
-        user = {"role": "user", "content": "x"}
-
-        answer = {"role": "assistant", "content": ""}
+        # As requests make them (nine letters and digits for the call id: Mistral's templates take no other).
+        tools = chat_tools(parse_tools(b'[{"type": "function", "name": "probe_tool", "description": "A probe."}]'))
+        user = Message(role="user", content="x")
+        answer = chat_messages(None, [user, Message(role="assistant", content="")])
+        called = chat_messages(None, [user, FunctionCall(call_id="probecall", name="probe_tool", arguments="{}")])
         Rendering = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]  # (messages, tools)
 
         def changes(plain: Rendering, probed: Rendering) -> bool:
@@ -604,10 +604,8 @@ class HFRenderer:
             except RenderError:
                 return True
 
-        return (
-            changes(([user], None), ([user], [tool])),
-            changes(([user, answer], [tool]), ([user, {**answer, "tool_calls": [call]}], [tool])),
-        )
+        first = answer[:1]
+        return changes((first, None), (first, tools)), changes((answer, tools), (called, tools))
 
     def begin(self, instructions: str | None, tools: ToolSet) -> TokenLog:
         """A log holding the header: the template's text for the instructions and tools alone
