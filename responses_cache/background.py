@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 from cachetools import LRUCache
 
-from .pipeline.turn import Turn
+from .pipeline.turn import Lineage, Turn
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError, invalid_request
@@ -43,7 +43,6 @@ from .protocol.items import HostedItem, WireItem
 from .protocol.response import Response, ResponseErrorInfo
 from .routing import Route
 from .service import ResponsesService
-from .state import ResponseState
 from .store import StoredResponse
 
 logger = logging.getLogger("responses_cache.background")
@@ -189,20 +188,20 @@ class BackgroundRunner:
 
     # -- running ---------------------------------------------------------------------------
 
-    async def submit(self, turn: Turn, parent: ResponseState | None, route: Route) -> Response:
+    async def submit(self, turn: Turn, lineage: Lineage, route: Route) -> Response:
         """Store the response ``queued`` and start it; the queued Response is returned."""
         store = self.service.store
         if store is None:
             raise invalid_request("Background mode needs a response store.", "background", "unsupported_parameter")
         request = turn.request
         queued = msgspec.structs.replace(turn.response("queued", []), store=True, background=True)
-        stored = StoredResponse(turn.tenant, queued, tuple(turn.items), request.instructions, turn.tools.raw)
+        stored = StoredResponse(turn.tenant, queued, tuple(lineage.items), request.instructions, turn.tools.raw)
         await store.put(stored)
         run = _Run(turn.tenant, stored)
         key = (turn.tenant, turn.response_id)
         self._running[key] = run
         loop = asyncio.get_running_loop()
-        run.task = loop.create_task(self._run(run, turn, parent, route), name=f"background {turn.response_id}")
+        run.task = loop.create_task(self._run(run, turn, lineage, route), name=f"background {turn.response_id}")
 
         def ended(task: asyncio.Task[None]) -> None:
             if not run.done:  # cancelled before it started: its own ending never ran
@@ -215,7 +214,7 @@ class BackgroundRunner:
         self._relay_tasks.add(task)
         task.add_done_callback(self._relay_tasks.discard)
 
-    async def _run(self, run: _Run, turn: Turn, parent: ResponseState | None, route: Route) -> None:
+    async def _run(self, run: _Run, turn: Turn, lineage: Lineage, route: Route) -> None:
         store = self.service.store
         assert store is not None
 
@@ -230,7 +229,7 @@ class BackgroundRunner:
 
         final: StoredResponse | None = None
         try:
-            state = await self.service.run(turn, parent, route, emit)
+            state = await self.service.run(turn, lineage, route, emit)
             if state.response.status == "failed":  # the pipeline stores only what did not fail
                 final = dataclasses.replace(run.stored, response=state.response)
         except asyncio.CancelledError:

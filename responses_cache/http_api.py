@@ -29,7 +29,7 @@ from .protocol.errors import (
 )
 from .protocol.request import decode_count, decode_create
 from .quotas import Admission, Decision, QuotaExceeded, rate_limit_headers
-from .service import ResponsesService
+from .service import EdgeContext, ResponsesService
 from .session import InputBudget
 from .state import ResponseState
 from .store import StoredResponse
@@ -190,15 +190,14 @@ class HTTPApi:
                 self._check_background(body.store)
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
-            turn = self.service.prepare(body, tenant, "http")
-            turn.trace = trace_headers(request.headers)
-            turn.admission = charge.admission
+            edge = EdgeContext(charge.admission, trace=trace_headers(request.headers))
+            turn = self.service.prepare(body, tenant, "http", edge=edge)
             route = self.service.router.resolve(turn.model, tenant)
             del raw
-            parent = await self.service.parent_of(turn, route)
+            lineage = await self.service.parent_of(turn, route)
             if body.background:
                 assert self.background is not None
-                queued = await self.background.submit(turn, parent, route)
+                queued = await self.background.submit(turn, lineage, route)
                 charge.admission = None  # the background run releases it when it ends
                 if not body.stream:
                     return json_response(queued), None
@@ -216,7 +215,7 @@ class HTTPApi:
 
         async def run() -> ResponseState:
             try:
-                return await self.service.run(turn, parent, route, emit)
+                return await self.service.run(turn, lineage, route, emit)
             finally:
                 await queue.put(_DONE)
 

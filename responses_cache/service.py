@@ -14,6 +14,7 @@ Resolution goes down the tiers and stops at the first that has the state:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
@@ -26,7 +27,7 @@ from .logs import current_turn
 from .pipeline.append import append_not_enabled
 from .pipeline.generate import Emit
 from .pipeline.pipeline import Pipeline
-from .pipeline.turn import Transport, Turn
+from .pipeline.turn import Lineage, Transport, Turn
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError, invalid_request, previous_response_not_found
 from .protocol.items import Item
@@ -74,6 +75,29 @@ class ParentResolver(Protocol):
     async def resolves_previous_response_ids(self, model: str, headers: Mapping[str, str]) -> bool:
         """Whether a ``previous_response_id`` handed to it would be looked up (not ignored)."""
         ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EdgeContext:
+    """What a transport knows of a request besides its body, handed to :meth:`ResponsesService.prepare`."""
+
+    #: The quota admission the turn runs under.
+    admission: Admission | None = None
+    #: Credentials from the client's request, forwarded to backends that need them.
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The client's W3C trace-context headers.
+    trace: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class _Found:
+    """What :meth:`ResponsesService.parent_of` has found so far (the tier too when it refuses)."""
+
+    items: list[Item]
+    parent: ResponseState | None = None
+    reused_items: int = 0
+    tier: str = "none"
+    delegated_parent: str | None = None
 
 
 class ResponsesService:
@@ -130,8 +154,17 @@ class ResponsesService:
         which holds the whole target, not the part generated before the interrupt."""
         return self.delegate_misses is None
 
-    def prepare(self, request: CreateResponse, tenant: str, transport: Transport, lane: str | None = None) -> Turn:
-        """Decode a request's input and tools (new items only) and give the turn its id."""
+    def prepare(
+        self,
+        request: CreateResponse,
+        tenant: str,
+        transport: Transport,
+        lane: str | None = None,
+        *,
+        edge: EdgeContext | None = None,
+    ) -> Turn:
+        """Decode a request's input and tools (new items only) and give the turn its id; what
+        the edge knows of the request (``edge``) goes on the turn as it is made."""
         if request.conversation is not None:
             raise invalid_request(
                 "The 'conversation' parameter is not supported by this server; use previous_response_id.",
@@ -143,6 +176,7 @@ class ResponsesService:
             # not for a bridged app, which continues from its own store.
             raise append_not_enabled()
         items = decode_input(request.input)
+        edge = edge or EdgeContext()
         seal = None
         if self.delegate_misses is None:  # a bridged app seals and opens its own reasoning
             if self.sealer is not None:
@@ -164,14 +198,17 @@ class ResponsesService:
             created_at=time.time(),
             seal_reasoning=seal,
             seal_compaction=self._compaction_sealer(tenant),
+            admission=edge.admission,
+            headers=edge.headers,
+            trace=edge.trace,
         )
 
     async def resolve_references(
         self, turn: Turn, parent: ResponseState | None, connection: ItemIndex | None = None
-    ) -> None:
-        """Replace the turn's ``item_reference`` items by the items they name (see
+    ) -> list[Item]:
+        """The turn's items with its ``item_reference`` items replaced by the items they name (see
         :mod:`responses_cache.references`); a backend with its own store gets the unresolved ones."""
-        turn.items = await resolve_references(
+        return await resolve_references(
             turn.items,
             turn.tenant,
             connection=connection,
@@ -181,10 +218,10 @@ class ResponsesService:
             pass_through=self.delegate_misses is not None,
         )
 
-    async def parent_of(self, turn: Turn, route: Route, cache: TurnCache | None = None) -> ResponseState | None:
-        """The state ``turn`` continues from, found down the tiers, with the turn made ready to run
-        from it: item references resolved, and a full-input resend cut to the items its parent
-        does not hold (``turn.items``, ``turn.reused_items``). A ``previous_response_id`` that no
+    async def parent_of(self, turn: Turn, route: Route, cache: TurnCache | None = None) -> Lineage:
+        """The state ``turn`` continues from, found down the tiers, with the items that run from
+        it: item references resolved, and a full-input resend cut to the items its parent does
+        not hold (:attr:`Lineage.items`, :attr:`Lineage.reused_items`). A ``previous_response_id`` that no
         tier has is ``previous_response_not_found``, unless the backend keeps its own store and
         resolves ids (the bridge's wrapped app): then the turn is delegated to it.
 
@@ -195,7 +232,7 @@ class ResponsesService:
         The turn's span starts here (continuing the client's trace, ``turn.trace``) and its
         ``resolve`` stage covers the lookup; a refused turn ends its span here, a resolved one
         when :meth:`run` ends."""
-        turn.span = span = self.pipeline.tracer.start_turn(
+        span = self.pipeline.tracer.start_turn(
             turn.trace,
             {
                 "responses_cache.tenant": turn.tenant,
@@ -205,28 +242,29 @@ class ResponsesService:
             },
         )
         current_turn.set((turn.response_id, span.trace_id or trace_id_of(turn.trace)))
+        found = _Found(turn.items)
         try:
             with span.stage("resolve") as stage:
-                parent = await self._parent_of(turn, route, cache)
-                stage.set("responses_cache.parent_tier", turn.tier)
+                await self._parent_of(turn, route, cache, found)
+                stage.set("responses_cache.parent_tier", found.tier)
         except BaseException as exc:
-            span.set("responses_cache.parent_tier", turn.tier)
+            span.set("responses_cache.parent_tier", found.tier)
             span.end("rejected", exc)
             raise
-        span.set("responses_cache.parent_tier", turn.tier)
-        self.pipeline.metrics.inc("parent_tier_total", {"transport": turn.transport, "tier": turn.tier})
-        return parent
+        span.set("responses_cache.parent_tier", found.tier)
+        self.pipeline.metrics.inc("parent_tier_total", {"transport": turn.transport, "tier": found.tier})
+        return Lineage(found.parent, found.items, found.reused_items, found.tier, found.delegated_parent, span)
 
-    async def _parent_of(self, turn: Turn, route: Route, cache: TurnCache | None) -> ResponseState | None:
+    async def _parent_of(self, turn: Turn, route: Route, cache: TurnCache | None, found: _Found) -> None:
         metrics, labels = self.pipeline.metrics, {"transport": turn.transport}
         wanted = turn.request.previous_response_id
         parent: ResponseState | None = None
         if wanted is not None:
             metrics.inc("incremental_sends_total", labels)
-            found = cache.cached_parent() if cache is not None else None
-            if found is not None:
-                parent, grace = found
-                turn.tier = "connection"
+            cached = cache.cached_parent() if cache is not None else None
+            if cached is not None:
+                parent, grace = cached
+                found.parent, found.tier = parent, "connection"
                 metrics.inc("cache_hits_total", labels)
                 if grace:
                     metrics.inc("cache_grace_hits_total", labels)
@@ -237,15 +275,15 @@ class ResponsesService:
                 if turn.request.store and delegate is not None and await delegate.resolves_previous_response_ids(
                     turn.model, turn.headers
                 ):
-                    turn.delegated_parent = wanted
-                    turn.tier = "delegated"
+                    found.delegated_parent, found.tier = wanted, "delegated"
                 elif cache is None or turn.request.store:
                     # The process-wide hot cache, then the store (and its token-log snapshot).
                     stored = await self.resolve(turn.tenant, wanted, route)
                     if stored is not None:
-                        parent, turn.tier = stored
+                        parent, found.tier = stored
+                        found.parent = parent
                         metrics.inc(f"resolved_{stored[1]}_total", labels)
-                if parent is None and turn.delegated_parent is None:
+                if parent is None and found.delegated_parent is None:
                     metrics.inc("previous_response_not_found_total", labels)
                     raise previous_response_not_found(wanted)
             if parent is not None and parent.response.status in ("queued", "in_progress"):
@@ -254,17 +292,14 @@ class ResponsesService:
                     "previous_response_id",
                     "previous_response_in_progress",
                 )
-        await self.resolve_references(turn, parent, cache.items if cache is not None else None)
+        found.items = items = await self.resolve_references(turn, parent, cache.items if cache is not None else None)
         if wanted is None and cache is not None:
             metrics.inc("full_sends_total", labels)
-            match = cache.full_input_match(turn.items, turn.tools.fingerprint, route.renderer)
+            match = cache.full_input_match(items, turn.tools.fingerprint, route.renderer)
             if match is not None:
                 parent, reused = match
-                turn.items = turn.items[reused:]
-                turn.reused_items = reused
-                turn.tier = "full_input"
+                found.parent, found.items, found.reused_items, found.tier = parent, items[reused:], reused, "full_input"
                 metrics.inc("full_input_reuse_total", labels)
-        return parent
 
     async def count_input_tokens(self, request: CreateResponse, tenant: str) -> int:
         """``POST /v1/responses/input_tokens``: the prompt tokens the engine would receive for
@@ -285,8 +320,8 @@ class ResponsesService:
                 "model",
                 "unsupported_value",
             )
-        parent = await self.parent_of(turn, route)
-        return await self.pipeline.count_prompt(turn, parent, route)
+        lineage = await self.parent_of(turn, route)
+        return await self.pipeline.count_prompt(turn, lineage, route)
 
     async def compact(self, request: CreateResponse, tenant: str, admission: Admission | None = None) -> CompactedResponse:
         """``POST /v1/responses/compact``: the conversation (``input`` after
@@ -300,20 +335,21 @@ class ResponsesService:
             raise invalid_request(
                 "Compaction is not available on this server (it has no sealing key).", "model", "unsupported_value"
             )
-        turn = self.prepare(request, tenant, "http")
-        turn.admission = admission
+        turn = self.prepare(request, tenant, "http", edge=EdgeContext(admission=admission))
+        run = None
         try:
             route = self.router.resolve(turn.model, tenant)
-            parent = await self.parent_of(turn, route)
+            lineage = await self.parent_of(turn, route)
             ttl = self.compaction_ttl_s
 
             def seal(summary: str, item_id: str) -> compaction.Compaction:
                 return compaction.seal(sealer, tenant, summary, ttl_s=ttl, item_id=item_id)
 
-            return await self.pipeline.compact(turn, parent, route, seal)
+            run = self.pipeline.turn_run(turn, lineage, route)
+            return await run.compact(seal)
         finally:
             if admission is not None:
-                admission.release(turn.billed_tokens)
+                admission.release(run.billed_tokens if run is not None else 0)
 
     async def admit(self, tenant: str) -> Admission:
         """Admit one request of ``tenant`` under its quota, or raise
@@ -324,14 +360,15 @@ class ResponsesService:
             return Admission(None, tenant, UNLIMITED, "", ALLOWED)
         return await self.quotas.admit(tenant, new_id("lease"))
 
-    async def run(self, turn: Turn, parent: ResponseState | None, route: Route, emit: Emit) -> ResponseState:
+    async def run(self, turn: Turn, lineage: Lineage, route: Route, emit: Emit) -> ResponseState:
         """Run a turn; a finished ``store: true`` state stays hot for the next continuation. Its
         quota admission is released when it ends, charged with the tokens billed for it."""
+        run = self.pipeline.turn_run(turn, lineage, route)
         try:
-            state = await self.pipeline.run(turn, parent, route, emit)
+            state = await run.respond(emit)
         finally:
             if turn.admission is not None:
-                turn.admission.release(turn.billed_tokens)
+                turn.admission.release(run.billed_tokens)
         if self.hot is not None and self.store is not None and self.delegate_misses is None:
             self.hot.put(state)
         return state

@@ -45,7 +45,7 @@ from .fake_engines import FakeCerebras as FakeCerebras
 from .fake_engines import FakeSglang as FakeSglang
 from .fake_engines import FakeVllm as FakeVllm
 from .pipeline.hooks import Hook, HookContext
-from .pipeline.turn import Turn
+from .pipeline.turn import Lineage, Turn
 from .protocol import events as ev
 from .protocol.codec import encode
 from .protocol.errors import ResponsesError
@@ -311,7 +311,7 @@ async def run_turns(
                 start = await core.parent_of(turn, route, _LastAccepted(parent if chain else None, request.previous_response_id))
                 state = await core.run(turn, start, route, emit)
             else:
-                state = await pipeline.run(turn, parent if chain else None, route, emit)
+                state = await pipeline.run(turn, Lineage.first(turn, parent if chain else None), route, emit)
         except ResponsesError as exc:
             results.append(TurnResult(events, None, exc))
             continue

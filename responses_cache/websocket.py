@@ -51,6 +51,7 @@ from .protocol.errors import (
 from .quotas import Admission, QuotaExceeded
 from .routing import RouteCache
 from .runtime import Service
+from .service import EdgeContext
 from .session import InputBudget, PendingTurn, Session, SessionConfig, frame_size
 from .state import ResponseState
 from .tracing import trace_headers
@@ -488,21 +489,19 @@ class _Connection:
 
     async def _run_admitted(self, pending: PendingTurn, admission: Admission) -> ResponseState:
         service, session = self.service, self.session
-        turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane)
-        turn.admission = admission
-        turn.headers = self.credentials
-        turn.trace = self.trace
-        turn.interrupt = session.activate(pending, turn.response_id, service.supports_steering)
-        turn.append = session.appendable(pending)
+        edge = EdgeContext(admission, self.credentials, self.trace)
+        turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane, edge=edge)
+        turn = turn.on_connection(
+            session.activate(pending, turn.response_id, service.supports_steering), session.appendable(pending)
+        )
         if pending.size >= _LARGE_FRAME:
             await asyncio.sleep(0)  # decoding took a while: let other connections run in between
         route = self.routes.get(turn.model)
-        parent = await service.parent_of(turn, route, session.turn_cache(pending, time.monotonic()))
-        new_items = turn.items
-        state = await service.run(turn, parent, route, self._send)
+        lineage = await service.parent_of(turn, route, session.turn_cache(pending, time.monotonic()))
+        state = await service.run(turn, lineage, route, self._send)
         if state.response.status != "failed":
             # What this turn added becomes referenceable on the connection (``item_reference``).
-            session.items.add(session.tenant, (*new_items, *state.response.output))
+            session.items.add(session.tenant, (*lineage.items, *state.response.output))
         return state
 
 

@@ -13,10 +13,17 @@ awaited on the other: nothing here schedules work.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
+from ..backends.base import BackendError, Finish
 from ..protocol import events as ev
 from ..protocol.errors import ResponsesError, invalid_request
-from ..protocol.items import Item
+from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
+from ..routing import Route
+from .generate import OutputBuilder
+from .hooks import Flag
+from .interrupt import Interrupt
+from .render import RenderedPrompt, extend_with_output
 
 
 class AppendChannel:
@@ -67,3 +74,38 @@ def append_not_enabled() -> ResponsesError:
         "append",
         "append_not_enabled",
     )
+
+
+def may_append(interrupt: Interrupt | None, late_flag: Flag | None, finish: Finish) -> bool:
+    """May a response that opted in to ``response.append`` wait for input now (its engine call
+    ended normally: not flagged, cut by length, or steered)?"""
+    if late_flag is not None or finish.reason in ("length", "content_filter"):
+        return False
+    return interrupt is None or not interrupt.taken
+
+
+def calls_since(out: OutputBuilder, start: int) -> tuple[str, ...]:
+    """The function calls the output made since ``start`` (none when it called a custom tool,
+    whose output cannot be appended: the response then ends as usual)."""
+    produced = out.output[start:]
+    if any(isinstance(i, CustomToolCall) for i in produced):
+        return ()
+    return tuple(i.call_id for i in produced if isinstance(i, FunctionCall))
+
+
+def append_tokens(
+    route: Route, rendered: RenderedPrompt | None, output: list[WireItem], sampled: Sequence[int] | None, appended: list[Item]
+) -> RenderedPrompt | None:
+    """The next engine call's prompt: the last one's, plus what it sampled, plus the appended
+    tool outputs (appended to the token log, never re-rendered)."""
+    if rendered is None or route.renderer is None:
+        return None
+    with_output = extend_with_output(route.renderer, rendered.log, output, sampled)
+    log = route.renderer.extend(with_output, appended)
+    if log.num_tokens > route.window:
+        raise BackendError(
+            f"This model's maximum context length is {route.window} tokens; the appended input "
+            f"made the response's context {log.num_tokens} tokens.",
+            code="context_length_exceeded",
+        )
+    return RenderedPrompt(log, rendered.fingerprint, log.common_prefix(with_output), True)

@@ -7,10 +7,19 @@ numbers events per response (``sequence_number`` from 0) and stamps the lane's `
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, Literal
 
-from ..backends.base import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from ..backends.base import (
+    BackendEvent,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
 from ..ids import new_id
 from ..protocol import events as ev
 from ..protocol.items import (
@@ -23,6 +32,9 @@ from ..protocol.items import (
     ReasoningText,
     WireItem,
 )
+from .closing import close_stream
+from .hooks import Flag
+from .interrupt import Interrupt
 
 Emit = Callable[[ev.Event], Awaitable[None]]
 
@@ -172,3 +184,122 @@ class OutputBuilder:
             )
         self.output.append(item)
         await self.send(ev.OutputItemDone(output_index=index, item=item))
+
+
+def steerable_boundary(out: OutputBuilder, event: object) -> bool:
+    """May steering stop the response before ``event``?
+
+    A text message is cut where it is (its text so far is kept). Reasoning and tool calls are
+    finished first, and a response that has called a client-owned tool is never cut: it ends
+    waiting for the tool's output, and the steering input waits for the client's continuation.
+    """
+    if any(isinstance(item, (FunctionCall, CustomToolCall)) for item in out.output):
+        return False
+    kind = out.open_kind
+    if kind == "message" or kind is None:
+        return True
+    if kind == "reasoning":
+        return not isinstance(event, ReasoningDelta)  # the next item starts: reasoning is done
+    return False  # inside a tool call
+
+
+#: The alongside hooks' verdict on an engine call: a flag (``None``: none) and their states.
+Watcher = asyncio.Task[tuple[Flag | None, dict[str, Any]]]
+
+
+class EngineRound:
+    """One engine call streamed into the output: each backend event races the alongside hooks'
+    ``watcher`` (so a flag stops a stalled engine too), steering (``interrupt``) stops it at the
+    next safe boundary, and ``mark(output_tokens, reasoning_tokens)`` journals progress at each
+    output item's end and every ``mark_every`` output tokens. ``on_first`` runs at the first event."""
+
+    def __init__(
+        self,
+        stream: AsyncGenerator[BackendEvent, None],
+        out: OutputBuilder,
+        watcher: Watcher | None,
+        interrupt: Interrupt | None,
+        mark: tuple[Callable[[int, int], None], int] | None,
+        on_first: Callable[[], None] | None,
+    ) -> None:
+        self._stream, self._events, self._out = stream, stream.__aiter__(), out
+        self._watcher, self._interrupt, self._mark, self._on_first = watcher, interrupt, mark, on_first
+        #: The backend step racing the hooks, while one is in flight: it must end before the
+        #: stream is closed (closing a generator that is still running raises RuntimeError).
+        self._step: asyncio.Future[BackendEvent] | None = None
+        self._marked = (0, 0)
+        self.finish: Finish | None = None
+        self.states: dict[str, Any] = {}
+
+    async def run(self) -> tuple[Flag | None, dict[str, Any], Finish | None]:
+        """Stream to the end (or a flag, or steering); the stream is closed however it ends."""
+        try:
+            flagged = await self._pump()
+            if flagged is not None:
+                return flagged, self.states, None
+        finally:
+            await self._close()
+        if self._watcher is not None:
+            flag, states = await self._watcher
+            return flag, states, self.finish
+        return None, self.states, self.finish
+
+    async def _pump(self) -> Flag | None:
+        out, interrupt = self._out, self._interrupt
+        while True:
+            try:
+                event = await self._next()
+            except StopAsyncIteration:
+                return None
+            if isinstance(event, Flag):
+                return event
+            if self._on_first is not None:
+                self._on_first()
+                self._on_first = None
+            if isinstance(event, Finish):
+                self.finish = event
+                return None
+            if interrupt is not None and interrupt.requested and steerable_boundary(out, event):
+                interrupt.taken = True
+                return None  # closing the stream aborts the engine's request
+            await out.feed(event)
+            self._journal()
+
+    async def _next(self) -> BackendEvent | Flag:
+        """The next event, or the hooks' flag when one came first (hooks that finish without one
+        leave the stream to go on alone)."""
+        watcher = self._watcher
+        if watcher is None:
+            return await self._events.__anext__()
+        self._step = step = asyncio.ensure_future(self._events.__anext__())
+        await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if watcher.done():
+            flag, self.states = watcher.result()
+            self._watcher = None
+            if flag is not None:
+                return flag
+        event = await step
+        self._step = None
+        return event
+
+    def _journal(self) -> None:
+        if self._mark is None:
+            return
+        mark, every = self._mark
+        out, (items, tokens) = self._out, self._marked
+        if len(out.output) != items or out.output_tokens - tokens >= every:
+            self._marked = (len(out.output), out.output_tokens)
+            mark(out.output_tokens, out.reasoning_tokens)
+
+    async def _close(self) -> None:
+        step = self._step
+        if step is not None and not step.done():
+            step.cancel()  # the cancellation reaches the backend's generator at its await
+        if step is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await step
+        try:
+            await close_stream(self._stream)  # to the end, even if the turn is cancelled again meanwhile
+        finally:
+            if self._watcher is not None and self.finish is None:
+                self._watcher.cancel()

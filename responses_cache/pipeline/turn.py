@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -19,13 +20,22 @@ from ..tracing import NO_TURN, TurnSpan
 from .append import AppendChannel
 from .interrupt import Interrupt
 
+if TYPE_CHECKING:
+    from ..state import ResponseState
+
 Transport = Literal["http", "websocket"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Turn:
+    """The request part of a turn: built once at the edge (:meth:`ResponsesService.prepare
+    <responses_cache.service.ResponsesService.prepare>`, then the transport's own channels) and
+    never changed after. Where it continues from is a :class:`Lineage`; what changes while it runs
+    lives on its :class:`~responses_cache.pipeline.run.TurnRun`."""
+
     request: CreateResponse
-    #: The new input items of this turn only (decoded once, never re-decoded).
+    #: The new input items of this turn, as the client sent them (decoded once, never re-decoded;
+    #: the items that run are :attr:`Lineage.items`).
     items: list[Item]
     tools: ToolSet
     tenant: str
@@ -33,16 +43,8 @@ class Turn:
     lane: str | None = None
     response_id: str = ""
     created_at: float = 0.0
-    #: Set when a full-input request was matched against a cached conversation: the number of
-    #: leading input items that were already in the cached state.
-    reused_items: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
     #: Credentials from the client's request, forwarded to backends that need them.
     headers: dict[str, str] = field(default_factory=dict)
-    #: The conversation's engine-affinity key (set by the pipeline).
-    conversation_key: str = ""
-    #: An unknown parent delegated to the backend's own store (see ``GenerationRequest``).
-    delegated_parent: str | None = None
     #: Raised by the WebSocket session when steering input waits for this response.
     interrupt: Interrupt | None = None
     #: Set by the WebSocket session for a response that opted in to ``response.append``.
@@ -53,19 +55,18 @@ class Turn:
     #: Seals a summary into a compaction item (``(summary, item id)``; set when the server has a
     #: sealing key; see :mod:`responses_cache.compaction`).
     seal_compaction: Callable[[str, str], Compaction] | None = None
-    #: The client's W3C trace-context headers (``traceparent``, ``tracestate``), set by the edge.
+    #: The client's W3C trace-context headers (``traceparent``, ``tracestate``), from the edge.
     trace: dict[str, str] = field(default_factory=dict)
-    #: The turn's span (started when its parent is looked up; ended by the pipeline).
-    span: TurnSpan = NO_TURN
-    #: Where the parent came from: ``none`` (a first turn), ``connection``, ``full_input``,
-    #: ``hot``, ``snapshot``, ``store`` or ``delegated`` (set when the parent is looked up).
-    tier: str = "none"
     #: ``time.perf_counter()`` when the turn was made: the start of its timings.
     started: float = field(default_factory=time.perf_counter)
-    #: The quota admission the turn runs under (released with :attr:`billed_tokens` when it ends).
+    #: The quota admission the turn runs under (released, with the tokens its run billed, when it
+    #: ends; see :meth:`ResponsesService.run <responses_cache.service.ResponsesService.run>`).
     admission: Admission | None = None
-    #: Tokens billed for the turn so far (prompt plus output, compaction summaries included).
-    billed_tokens: int = 0
+
+    def on_connection(self, interrupt: Interrupt | None, append: AppendChannel | None) -> Turn:
+        """The turn with the WebSocket session's channels into it (steering, ``response.append``),
+        which the session opens once the turn has its id."""
+        return dataclasses.replace(self, interrupt=interrupt, append=append)
 
     @property
     def model(self) -> str:
@@ -117,3 +118,30 @@ class Turn:
             user=r.user,
             usage=usage,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a turn continues from, as :meth:`ResponsesService.parent_of
+    <responses_cache.service.ResponsesService.parent_of>` found it (built once, never changed)."""
+
+    #: The state the turn continues (``None``: a first turn, or one delegated to the backend).
+    parent: ResponseState | None
+    #: The items that run: item references resolved, and a full-input resend cut to the ones
+    #: :attr:`parent` does not hold.
+    items: list[Item]
+    #: A full-input request matched against a cached conversation: the number of leading input
+    #: items that were already in the cached state.
+    reused_items: int = 0
+    #: Where the parent came from: ``none`` (a first turn), ``connection``, ``full_input``,
+    #: ``hot``, ``snapshot``, ``store`` or ``delegated``.
+    tier: str = "none"
+    #: An unknown parent delegated to the backend's own store (see ``GenerationRequest``).
+    delegated_parent: str | None = None
+    #: The turn's span (started when its parent was looked up; ended by its run).
+    span: TurnSpan = NO_TURN
+
+    @classmethod
+    def first(cls, turn: Turn, parent: ResponseState | None = None) -> Lineage:
+        """A turn run as it came, on ``parent`` (no lookup: a bare pipeline's)."""
+        return cls(parent, turn.items)

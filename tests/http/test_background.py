@@ -19,6 +19,7 @@ from responses_cache import create_app
 from responses_cache.billing import Biller, JsonlSink
 from responses_cache.billing.journal import OpenEntry, UsageJournal
 from responses_cache.billing.record import UsageRecord
+from responses_cache.pipeline.turn import Lineage
 from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.store import MemoryResponseStore, StoredResponse
@@ -180,7 +181,7 @@ async def test_a_response_cancelled_before_it_starts_is_stored_cancelled() -> No
         service = app.state.service
         turn = service.core.prepare(decode_create(b'{"model": "gate-1", "input": "x", "background": true}'), "default", "http")
         route = service.core.router.resolve(turn.model, "default")
-        queued = await service.background.submit(turn, None, route)
+        queued = await service.background.submit(turn, Lineage.first(turn), route)
         assert queued.status == "queued"
         cancelled = await service.background.cancel("default", turn.response_id)  # before its task ran
         assert cancelled.status == "cancelled" and service.background.running == 0

@@ -15,6 +15,7 @@ from responses_cache import create_service
 from responses_cache.auth import AllowAll
 from responses_cache.backends.base import BackendEvent, GenerationRequest, TextDelta
 from responses_cache.pipeline.closing import close_stream
+from responses_cache.pipeline.turn import Lineage
 from responses_cache.protocol import events as ev
 from responses_cache.protocol.request import decode_create
 
@@ -61,7 +62,7 @@ async def test_a_turn_cancelled_again_while_closing_the_backends_stream_still_cl
             streaming.set()
             await stuck.wait()  # a client that stopped reading: the turn waits here, not in the backend
 
-    task = asyncio.ensure_future(core.run(turn, None, route, emit))
+    task = asyncio.ensure_future(core.run(turn, Lineage.first(turn), route, emit))
     await asyncio.wait_for(streaming.wait(), 60)  # the deadline only guards a broken build
     task.cancel()  # the client left
     await asyncio.wait_for(engine.closing.wait(), 60)
