@@ -2,7 +2,20 @@
 
 from .hooks import Flag, Hook, HookContext, HookRunner, Verdict
 from .pipeline import Pipeline
-from .turn import Turn
+from .run import TurnRun
+from .turn import Lineage, Turn
 from .validate import Limits, Validator
 
-__all__ = ["Flag", "Hook", "HookContext", "HookRunner", "Limits", "Pipeline", "Turn", "Validator", "Verdict"]
+__all__ = [
+    "Flag",
+    "Hook",
+    "HookContext",
+    "HookRunner",
+    "Limits",
+    "Lineage",
+    "Pipeline",
+    "Turn",
+    "TurnRun",
+    "Validator",
+    "Verdict",
+]

@@ -73,51 +73,85 @@ def compact_threshold(context_management: list[dict[str, Any]] | None) -> int | 
     return threshold
 
 
-async def summarize(
-    route: Route,
-    *,
-    response_id: str,
-    model: str,
-    instructions: str | None,
-    tools: ToolSet,
-    context: Conversation,
-    log: TokenLog | None,
-    affinity_key: str,
-    tenant: str,
-    cache_salt: str | None,
-    headers: Mapping[str, str],
-    max_output_tokens: int,
-    on_sample: Callable[[], Awaitable[None]] | None = None,
-) -> Summary:
-    """The engine's summary of ``context`` (rendered as ``log`` when the route has a renderer).
+@dataclass(frozen=True, slots=True)
+class SummaryJob:
+    """What a summary is written for: the conversation (``context``, rendered as ``log`` when the
+    route has a renderer), whose it is, and how far the engine may write."""
+
+    response_id: str
+    model: str
+    instructions: str | None
+    tools: ToolSet
+    context: Conversation
+    log: TokenLog | None
+    affinity_key: str
+    tenant: str
+    cache_salt: str | None
+    headers: Mapping[str, str]
+    max_output_tokens: int
+
+
+async def summarize(route: Route, job: SummaryJob, on_sample: Callable[[], Awaitable[None]] | None = None) -> Summary:
+    """The engine's summary of ``job.context``.
 
     ``on_sample`` is awaited after each piece of summary text (the caller streams progress).
     A backend failure raises :class:`~responses_cache.backends.base.BackendError`; an engine
     that stops the summary at ``max_output_tokens`` leaves it cut there; one that writes no
     text gives an empty summary (the caller bills it, then refuses it)."""
+    request, prompt, cached = _summary_request(route, job)
+    sampled = await _sample(route, request, on_sample)
     renderer = route.renderer
+    engine = sampled.engine
+    if prompt is not None and renderer is not None:
+        input_tokens = prompt.num_tokens + len(renderer.generation_prompt)
+    else:
+        input_tokens = (engine.prompt_tokens or 0) if engine else 0
+        cached = min((engine.cached_tokens or 0) if engine else 0, input_tokens)
+    output = engine.output_tokens if engine is not None and engine.output_tokens is not None else sampled.tokens
+    return Summary(sampled.text, Usage.of(input_tokens, cached, output, min(sampled.reasoning, output)))
+
+
+def _summary_request(route: Route, job: SummaryJob) -> tuple[GenerationRequest, Prompt | None, int]:
+    """The summary's generation request, its prompt (``None`` without a renderer) and the
+    tokens of it the conversation's log already holds."""
+    renderer, log = route.renderer, job.log
     prompt = None
     cached = 0
     if renderer is not None:
         if log is None:
-            log = renderer.render_full(instructions, tools, expand_conversation(context).items())
+            log = renderer.render_full(job.instructions, job.tools, expand_conversation(job.context).items())
         prompt_log = renderer.extend(log, [expanded(PROMPT_ITEM)])
         prompt, cached = Prompt(prompt_log, renderer), log.num_tokens
-    conversation = context.extend([PROMPT_ITEM])
+    conversation = job.context.extend([PROMPT_ITEM])
     request = GenerationRequest(
-        response_id=response_id,
-        model=model,
-        instructions=instructions,
-        tools=tools,
+        response_id=job.response_id,
+        model=job.model,
+        instructions=job.instructions,
+        tools=job.tools,
         conversation=conversation if renderer is not None else expand_conversation(conversation),
         prompt=prompt,
-        affinity_key=affinity_key,
-        max_output_tokens=max_output_tokens,
+        affinity_key=job.affinity_key,
+        max_output_tokens=job.max_output_tokens,
         tool_choice="none",
-        headers=headers,
-        tenant=tenant,
-        cache_salt=cache_salt,
+        headers=job.headers,
+        tenant=job.tenant,
+        cache_salt=job.cache_salt,
     )
+    return request, prompt, cached
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampled:
+    text: str
+    #: Tokens sampled (a delta without ids counts as one), and of them reasoning.
+    tokens: int
+    reasoning: int
+    engine: EngineUsage | None
+
+
+async def _sample(
+    route: Route, request: GenerationRequest, on_sample: Callable[[], Awaitable[None]] | None
+) -> _Sampled:
     pieces: list[str] = []
     sampled = reasoning = 0
     engine: EngineUsage | None = None
@@ -138,11 +172,4 @@ async def summarize(
     finally:
         with contextlib.suppress(Exception):
             await close_stream(stream)
-    text = "".join(pieces).strip()
-    if prompt is not None and renderer is not None:
-        input_tokens = prompt.num_tokens + len(renderer.generation_prompt)
-    else:
-        input_tokens = (engine.prompt_tokens or 0) if engine else 0
-        cached = min((engine.cached_tokens or 0) if engine else 0, input_tokens)
-    output = engine.output_tokens if engine is not None and engine.output_tokens is not None else sampled
-    return Summary(text, Usage.of(input_tokens, cached, output, min(reasoning, output)))
+    return _Sampled("".join(pieces).strip(), sampled, reasoning, engine)

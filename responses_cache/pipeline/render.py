@@ -56,13 +56,21 @@ class RenderedPrompt:
     kept_ahead: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PromptSource:
+    """What a prompt is rendered from: the ``parent`` (whose token log is extended when it has
+    one), the ``context`` before the new ``items``, and the instructions and tools."""
+
+    parent: ResponseState | None
+    context: Conversation
+    items: list[Item]
+    instructions: str | None
+    tools: ToolSet
+
+
 def render(
     renderer: Renderer,
-    parent: ResponseState | None,
-    context: Conversation,
-    items: list[Item],
-    instructions: str | None,
-    tools: ToolSet,
+    source: PromptSource,
     *,
     context_window: int,
     truncate_to: int | None = None,
@@ -73,6 +81,7 @@ def render(
     :mod:`~responses_cache.pipeline.truncate`); without it, a prompt over ``context_window`` is
     ``context_length_exceeded``. A cut prompt is cut down to ``1 - truncation_headroom`` of
     ``truncate_to`` where it can be, so that the next turns append to it instead of cutting again."""
+    parent, context, items, instructions, tools = source.parent, source.context, source.items, source.instructions, source.tools
     fingerprint = renderer.fingerprint(instructions, tools)
     incremental_attempt = parent is not None and parent.token_log is not None and parent.fingerprint == fingerprint
     # Reject what cannot fit before tokenizing it (a known parent log counts exactly).
@@ -96,26 +105,18 @@ def render(
         raise invalid_request(exc.message, param, "unsupported_value") from None
     if truncate_to is not None and log.num_tokens > truncate_to:
         target = truncate_to - int(truncate_to * truncation_headroom)
-        return _truncated(renderer, parent, context, items, instructions, tools, log, fingerprint, truncate_to, target)
+        return _truncated(renderer, source, log, fingerprint, truncate_to, target)
     if log.num_tokens > context_window:
         raise _too_long(context_window, log.num_tokens, at_least=False)
     return RenderedPrompt(log, fingerprint, cached, incremental)
 
 
 def _truncated(
-    renderer: Renderer,
-    parent: ResponseState | None,
-    context: Conversation,
-    items: list[Item],
-    instructions: str | None,
-    tools: ToolSet,
-    log: TokenLog,
-    fingerprint: bytes,
-    budget: int,
-    target: int,
+    renderer: Renderer, source: PromptSource, log: TokenLog, fingerprint: bytes, budget: int, target: int
 ) -> RenderedPrompt:
     """The conversation cut to fit ``budget`` (``truncation: "auto"``): a full render of the kept
     items, which become the conversation's new base."""
+    parent, context, items, instructions, tools = source.parent, source.context, source.items, source.instructions, source.tools
     conversation = [*context.items(), *items]
     if log.num_items != len(conversation):  # a log that does not cover the context: measure afresh
         log = renderer.render_full(instructions, tools, expand(conversation))

@@ -65,14 +65,14 @@ from .admit import (
 )
 from .append import AwaitingInput, append_tokens, calls_since, may_append
 from .closing import close_stream
-from .compact import Summary, compact_threshold, summarize
+from .compact import Summary, SummaryJob, compact_threshold, summarize
 from .generate import Emit, EngineRound, OutputBuilder, Watcher
 from .hooks import Flag, HookContext, Verdict
 from .observe import EngineClock, TurnLog, describe, observe
 from .offload import render_size
 from .persist import Outcome, child_state, stored_response
 from .progress import Progress
-from .render import RenderedPrompt, render
+from .render import PromptSource, RenderedPrompt, render
 from .slot import SlotLease, engine_slot
 from .turn import Lineage, Turn
 from .usage import MARK_EVERY_TOKENS, usage_of
@@ -220,8 +220,9 @@ class TurnRun:
         turn, route, pipeline = self.turn, self.route, self.pipeline
         if route.renderer is None:
             return None
+        source = PromptSource(after.parent, after.context, after.items, turn.request.instructions, turn.tools)
         call = functools.partial(
-            render, route.renderer, after.parent, after.context, after.items, turn.request.instructions, turn.tools,
+            render, route.renderer, source,
             context_window=window, truncate_to=truncate_to, truncation_headroom=pipeline.truncation_headroom,
         )
         if not traced:
@@ -615,8 +616,7 @@ class TurnRun:
         engine replica and prefix cache), billed as its own usage record (``summary_id``)."""
         turn, route, pipeline = self.turn, self.route, self.pipeline
         conversation_key = self.conversation_key or turn.response_id
-        summary = await summarize(
-            route,
+        job = SummaryJob(
             response_id=summary_id,
             model=turn.model,
             instructions=turn.request.instructions,
@@ -628,8 +628,8 @@ class TurnRun:
             cache_salt=tenant_salt(turn.tenant) if pipeline.partition_prefix_cache else None,
             headers=turn.headers,
             max_output_tokens=pipeline.summary_tokens,
-            on_sample=on_sample,
         )
+        summary = await summarize(route, job, on_sample)
         usage = summary.usage
         self.billed_tokens += usage.input_tokens + usage.output_tokens  # charged to the quota too
         pipeline.ledger.bill_summary(turn, route, summary_id, usage)
