@@ -592,12 +592,11 @@ class TurnRun:
         item = turn.seal_compaction(summary.text, item_id)
         await out.add(item.wire())
         self.pipeline.metrics.inc("compactions_total", {"transport": turn.transport, "trigger": "threshold"})
-        progress.context = EMPTY.extend([item])
-        if rendered is None or route.renderer is None:  # a message-based backend: no token log
-            progress.rendered = None
-        else:
+        compacted = None
+        if rendered is not None and route.renderer is not None:  # else a message-based backend: no token log
             log = route.renderer.render_full(turn.request.instructions, turn.tools, [expanded(item)])
-            progress.rendered = RenderedPrompt(log, rendered.fingerprint, log.common_prefix(rendered.log), False)
+            compacted = RenderedPrompt(log, rendered.fingerprint, log.common_prefix(rendered.log), False)
+        progress.rendered, progress.context = compacted, EMPTY.extend([item])
         progress.base = list(progress.context.own_items)
         progress.first_output = progress.output_start = progress.round_start = len(out.output)
         if call.generation is not None:
