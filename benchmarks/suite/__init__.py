@@ -11,6 +11,10 @@ Three scenarios, each against a fresh server subprocess on the embedded simulate
   full render (:mod:`.tiers`; starts a private ``redis-server``).
 
 Writes a table to the terminal and ``results.json`` plus ``overhead.png`` to ``--out``.
+
+``--baseline-tree DIR`` (another checkout, e.g. ``git worktree add /tmp/base HEAD~1``) runs the
+overhead and rollout scenarios against this tree's server and DIR's side by side, interleaved,
+and reports each mode's figures for both and their ratio current / baseline (:mod:`.compare`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import importlib
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +32,11 @@ from typing import Any
 
 from . import overhead, rollout, scale, tiers
 from .report import plot_overhead, render_text, targets, write_json
+from .server import BASELINE, CURRENT, ROOT
 
 SCENARIOS = ("overhead", "rollout", "scale", "tiers")
+#: The scenarios ``--baseline-tree`` compares (and runs by default).
+COMPARED = ("overhead", "rollout")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,8 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scenarios",
-        default=",".join(SCENARIOS),
-        help="comma-separated subset of: " + ", ".join(SCENARIOS),
+        help=f"comma-separated subset of: {', '.join(SCENARIOS)} "
+        f"(default: all; with --baseline-tree: {','.join(COMPARED)})",
+    )
+    p.add_argument(
+        "--baseline-tree",
+        metavar="DIR",
+        help="another checkout of the repository (e.g. `git worktree add DIR HEAD~1`): run "
+        + " and ".join(COMPARED)
+        + " against its server and this tree's side by side, interleaved, and report the ratios",
     )
     p.add_argument(
         "--out", default="bench-results", help="output directory (default: bench-results)"
@@ -113,6 +128,7 @@ def options(
         warmup_turns=2 if q else 3,
         renderer=renderer,
         profile_dir=profile_dir,
+        baseline_tree=args.baseline_tree,
     )
     ro = rollout.RolloutOptions(
         tool_calls=_pick(args.tool_calls, 10 if q else 30),
@@ -123,6 +139,7 @@ def options(
         repeats=_pick(args.rollout_repeats, 1 if q else 3),
         renderer=renderer,
         profile_dir=profile_dir,
+        baseline_tree=args.baseline_tree,
     )
     sc = scale.ScaleOptions(
         connections=_pick(args.connections, 100 if q else 1_000),
@@ -162,11 +179,13 @@ def run_scenarios(names: Sequence[str], opts: dict[str, Any], progress: bool) ->
         started = time.perf_counter()
         if name == "overhead":
             ov: overhead.OverheadOptions = opts[name]
-            tick, close = _bar(progress, overhead.estimated_turns(ov) * 3 * ov.repeats, "overhead")
+            lanes = 3 * (2 if ov.baseline_tree else 1)
+            tick, close = _bar(progress, overhead.estimated_turns(ov) * lanes * ov.repeats, "overhead")
             results[name] = overhead.run(ov, tick)
         elif name == "rollout":
             ro: rollout.RolloutOptions = opts[name]
-            tick, close = _bar(progress, rollout.turns_per_rollout(ro) * 3 * ro.repeats, "rollout")
+            lanes = 3 * (2 if ro.baseline_tree else 1)
+            tick, close = _bar(progress, rollout.turns_per_rollout(ro) * lanes * ro.repeats, "rollout")
             results[name] = rollout.run(ro, tick)
         elif name == "tiers":
             ti: tiers.TiersOptions = opts[name]
@@ -181,6 +200,42 @@ def run_scenarios(names: Sequence[str], opts: dict[str, Any], progress: bool) ->
     return results
 
 
+def describe_tree(tree: Path) -> dict[str, Any]:
+    """A source tree: its directory, and its git commit and whether it has changes (if a checkout)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=30
+            )
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    commit = git("log", "-1", "--format=%h %s")
+    return {
+        "dir": str(tree),
+        "commit": commit if commit is None or len(commit) <= 72 else commit[:71] + "…",
+        "modified": None if status is None else bool(status),
+    }
+
+
+def _baseline_error(args: argparse.Namespace, names: Sequence[str]) -> str | None:
+    """Why ``--baseline-tree`` cannot run as asked (``None``: it can, or it is not given)."""
+    if args.baseline_tree is None:
+        return None
+    tree = Path(args.baseline_tree)
+    if not (tree / "benchmarks" / "suite" / "runner.py").is_file() or not (
+        tree / "responses_cache"
+    ).is_dir():
+        return f"--baseline-tree {tree}: not a checkout of this repository (no responses_cache/ and benchmarks/suite/)"
+    other = [s for s in names if s not in COMPARED]
+    if other:
+        return f"--baseline-tree compares {' and '.join(COMPARED)} only, not {', '.join(other)}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [
@@ -188,13 +243,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]:  # ``python -m benchmarks.suite -- --quick`` (argparse.REMAINDER keeps the ``--``)
         argv = argv[1:]
     args = _parser().parse_args(argv)
-    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if args.baseline_tree is not None:
+        args.baseline_tree = str(Path(args.baseline_tree).resolve())
+    default = COMPARED if args.baseline_tree else SCENARIOS
+    scenarios = ",".join(default) if args.scenarios is None else args.scenarios
+    names = [s.strip() for s in scenarios.split(",") if s.strip()]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
         print(
             f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}",
             file=sys.stderr,
         )
+        return 2
+    error = _baseline_error(args, names)
+    if error:
+        print(error, file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,6 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_start": list(os.getloadavg()),
         }
     }
+    if args.baseline_tree:
+        results["meta"]["trees"] = {
+            CURRENT: describe_tree(ROOT),
+            BASELINE: describe_tree(Path(args.baseline_tree)),
+        }
     results.update(run_scenarios(names, opts, progress=not args.no_progress))
     results["meta"]["seconds"] = time.time() - started
     results["meta"]["loadavg_end"] = list(os.getloadavg())
@@ -237,4 +305,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["SCENARIOS", "main", "options", "run_scenarios"]
+__all__ = ["COMPARED", "SCENARIOS", "describe_tree", "main", "options", "run_scenarios"]

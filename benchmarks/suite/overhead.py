@@ -3,7 +3,8 @@
 A zero-latency engine (``instant=True``) calls a tool on every turn; the client answers each call
 with about ``tokens_per_turn`` tokens of code-like output. The three modes of :mod:`.agent` run
 the same conversation, interleaved turn by turn (rotating which mode goes first), so machine noise
-hits them alike. Measured per turn: time to the first event (``response.created``, i.e. all the
+hits them alike (with a baseline tree, each mode runs against both trees' servers in one rotation:
+see :mod:`.compare`). Measured per turn: time to the first event (``response.created``, i.e. all the
 work before generation) and to ``response.completed``.
 """
 
@@ -12,14 +13,15 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import compare
 from .agent import MODES, AgentLoop, Mode
 from .runner import ServerSpec
-from .server import ServerProcess
+from .server import BASELINE, CURRENT, ServerProcess, servers
 from .stats import BUCKETS, bucket_of, p50, percentile, ratio
 from .workload import code_text, prose_text, tool_output, tools, user_message
 
@@ -38,6 +40,8 @@ class OverheadOptions:
     pause_ms: float = 5.0
     renderer: str | None = "harmony"
     profile_dir: str | None = None
+    #: Another checkout to measure side by side with this one (``--baseline-tree``).
+    baseline_tree: str | None = None
 
 
 def spec_for(opts: OverheadOptions) -> ServerSpec:
@@ -63,39 +67,55 @@ def estimated_turns(opts: OverheadOptions) -> int:
 def run(opts: OverheadOptions, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    origins: dict[str, dict[str, str]] = {}
     gc.disable()  # no client-side collections inside a timed turn; collected between conversations
     try:
-        with ServerProcess(spec_for(opts)) as server:
-            _measure(server, opts, samples, profiles, tick)
+        with servers(spec_for(opts), opts.baseline_tree) as by_tree:
+            origins = {tree: server.origin for tree, server in by_tree.items()}
+            _measure(by_tree, opts, samples, stages, profiles, tick)
     finally:
         gc.enable()
-    stages = profiles.pop("stages", {})
-    return {
+    current = [s for s in samples if s["tree"] == CURRENT]
+    out: dict[str, Any] = {
         "options": asdict(opts),
-        "samples": samples,
-        "summary": summarize(samples),
-        "server_stages_ms": stages,
+        "samples": current,
+        "summary": summarize(current),
+        "server_stages_ms": stages.get(CURRENT, {}),
         "profiles": profiles,
+        "servers": origins,
     }
+    if opts.baseline_tree is not None:
+        baseline = [s for s in samples if s["tree"] == BASELINE]
+        out["baseline"] = {
+            "samples": baseline,
+            "summary": summarize(baseline),
+            "server_stages_ms": stages.get(BASELINE, {}),
+        }
+        out["comparison"] = compare.overhead(current, baseline)
+    return out
 
 
 def _measure(
-    server: ServerProcess,
+    by_tree: Mapping[str, ServerProcess],
     opts: OverheadOptions,
     samples: list[dict[str, Any]],
+    stages: dict[str, Any],
     profiles: dict[str, Any],
     tick: Callable[[int], None],
 ) -> None:
-    _conversation(server, opts, rep=-1, modes=MODES, turns=opts.warmup_turns)
-    before = server.get("/_bench/stats")["summaries"]
+    _conversation(by_tree, opts, rep=-1, modes=MODES, turns=opts.warmup_turns)
+    before = {tree: server.get("/_bench/stats")["summaries"] for tree, server in by_tree.items()}
     for rep in range(opts.repeats):
         gc.collect()
-        samples += _conversation(server, opts, rep=rep, modes=MODES, tick=tick)
-    profiles["stages"] = stage_means(before, server.get("/_bench/stats")["summaries"])
+        samples += _conversation(by_tree, opts, rep=rep, modes=MODES, tick=tick)
+    for tree, server in by_tree.items():
+        stages[tree] = stage_means(before[tree], server.get("/_bench/stats")["summaries"])
     if opts.profile_dir:
+        server = by_tree[CURRENT]
         for mode in MODES:
             server.post("/_bench/profile/start")
-            _conversation(server, opts, rep=1000, modes=(mode,))
+            _conversation({CURRENT: server}, opts, rep=1000, modes=(mode,))
             path = Path(opts.profile_dir) / f"profile-overhead-{mode}"
             text = server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"]
             path.with_suffix(".txt").write_text(text)
@@ -103,7 +123,7 @@ def _measure(
 
 
 def _conversation(
-    server: ServerProcess,
+    by_tree: Mapping[str, ServerProcess],
     opts: OverheadOptions,
     *,
     rep: int,
@@ -111,35 +131,38 @@ def _conversation(
     turns: int | None = None,
     tick: Callable[[int], None] = lambda n: None,
 ) -> list[dict[str, Any]]:
+    """One conversation per mode and server (a lane), the lanes interleaved turn by turn."""
     instructions = prose_text(opts.instructions_tokens, seed=7 + rep)
+    lanes = compare.lanes(tuple(by_tree), modes)
     loops = {
-        m: AgentLoop(
+        (tree, m): AgentLoop(
             m,
-            http_url=server.http_url,
-            ws_url=server.ws_url,
+            http_url=by_tree[tree].http_url,
+            ws_url=by_tree[tree].ws_url,
             api_key=f"sk-{m}",
             instructions=instructions,
             tools=tools(),
         )
-        for m in modes
+        for tree, m in lanes
     }
     samples: list[dict[str, Any]] = []
-    call_ids: dict[Mode, str | None] = dict.fromkeys(modes)
+    call_ids: dict[tuple[str, Mode], str | None] = dict.fromkeys(lanes)
     try:
         turn = 0
         while True:
             text = code_text(opts.tokens_per_turn, seed=rep * 100_000 + turn)
-            order = modes[turn % len(modes) :] + modes[: turn % len(modes)]
-            for mode in order:
-                loop = loops[mode]
-                call_id = call_ids[mode]
+            for lane in compare.rotated(lanes, turn):
+                tree, mode = lane
+                loop = loops[lane]
+                call_id = call_ids[lane]
                 items = [user_message(TASK)] if call_id is None else [tool_output(call_id, text)]
                 wire = loop.encode(items)
                 time.sleep(opts.pause_ms / 1e3)
                 result = loop.send(items, wire)
-                call_ids[mode] = result.call_id()
+                call_ids[lane] = result.call_id()
                 samples.append(
                     {
+                        "tree": tree,
                         "mode": mode,
                         "repeat": rep,
                         "turn": turn,

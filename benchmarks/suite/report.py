@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent import MODES
+from .compare import ALL
 
 #: The issue's targets.
 WS_P50_MS = 1.0
@@ -120,7 +121,7 @@ def _cell(value: object) -> str:
 
 
 def render_text(results: dict[str, Any]) -> str:
-    parts: list[str] = []
+    parts: list[str] = _trees_section(results)
     for key, section in (
         ("overhead", _overhead_section),
         ("rollout", _rollout_section),
@@ -131,6 +132,23 @@ def render_text(results: dict[str, Any]) -> str:
         if results.get(key):
             parts.extend(section(results[key]))
     return "\n".join(parts)
+
+
+def _trees_section(results: dict[str, Any]) -> list[str]:
+    """The two trees of a side-by-side run, and the files each server imported its code from."""
+    trees = results.get("meta", {}).get("trees")
+    if not trees:
+        return []
+    origins: dict[str, dict[str, str]] = next(
+        (results[k]["servers"] for k in ("overhead", "rollout") if k in results), {}
+    )
+    parts = ["Side by side: this tree (current) against --baseline-tree (baseline)"]
+    for name, tree in trees.items():
+        changed = " + uncommitted changes" if tree.get("modified") else ""
+        parts.append(f"  {name}: {tree['dir']} at {tree.get('commit')}{changed}")
+        if name in origins:
+            parts.append(f"    server imported responses_cache from {origins[name]['responses_cache']}")
+    return [*parts, ""]
 
 
 def _overhead_section(overhead: dict[str, Any]) -> list[str]:
@@ -174,6 +192,44 @@ def _overhead_section(overhead: dict[str, Any]) -> list[str]:
             f"  server stages, {transport} (mean ms): "
             + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
         )
+    if "comparison" in overhead:
+        parts.extend(_overhead_comparison(overhead["comparison"]))
+    return parts
+
+
+def _iqr(spread: dict[str, float]) -> str:
+    return f"{_cell(spread['p50'])} [{_cell(spread['p25'])}-{_cell(spread['p75'])}]"
+
+
+def _overhead_comparison(comparison: dict[str, Any]) -> list[str]:
+    """Current against baseline, per mode, at the longest history reached and over all turns."""
+    rows = comparison["rows"]
+    top = next((r["bucket"] for r in reversed(rows) if r["bucket"] != ALL), None)
+    parts = [
+        "\nOverhead, current vs baseline (p50 ms; cur/base: ratio of the p50s; paired: per-turn "
+        "ratios, p50 [p25-p75])"
+    ]
+    parts.append(
+        table(
+            ["history", "mode", "n", "base first", "cur first", "cur/base", "paired",
+             "base done", "cur done", "done cur/base"],
+            [
+                [
+                    r["bucket"], r["mode"], r["n"],
+                    r["baseline_first_p50_ms"], r["current_first_p50_ms"], r["first_ratio"],
+                    _iqr(r["first_ratio_paired"]),
+                    r["baseline_completed_p50_ms"], r["current_completed_p50_ms"],
+                    r["completed_ratio"],
+                ]
+                for r in rows
+                if r["bucket"] in (top, ALL)
+            ],
+        )
+    )
+    parts.append(
+        "  same prompt tokens turn for turn in both trees: "
+        + ("yes" if comparison["same_history"] else "NO")
+    )
     return parts
 
 
@@ -218,6 +274,43 @@ def _rollout_section(rollout: dict[str, Any]) -> list[str]:
         )
     parts.append(
         f"  same prompt tokens in every mode (context fidelity): {'yes' if s.get('prompts_match') else 'NO'}"
+    )
+    if "comparison" in rollout:
+        parts.extend(_rollout_comparison(rollout["comparison"]))
+    return parts
+
+
+def _rollout_comparison(comparison: dict[str, Any]) -> list[str]:
+    """Current against baseline, per mode: wall time, time over the floor, first event."""
+    parts = [
+        "\nAgent rollout, current vs baseline (p50; cur/base: ratio of the p50s; per repeat: the "
+        "ratio of each repeat's two rollouts)"
+    ]
+    rows = []
+    for mode in MODES:
+        if mode not in comparison:
+            continue
+        wall, over, first = (
+            comparison[mode][k] for k in ("wall_s", "per_turn_overhead_ms", "first_event_p50_ms")
+        )
+        rows.append(
+            [
+                mode, wall["baseline_p50"], wall["current_p50"], wall["ratio"],
+                " ".join(_cell(x) for x in wall["per_repeat"]),
+                over["baseline_p50"], over["current_p50"], over["ratio"],
+                first["baseline_p50"], first["current_p50"], first["ratio"],
+            ]
+        )  # fmt: skip
+    parts.append(
+        table(
+            ["mode", "base wall s", "cur wall s", "cur/base", "per repeat",
+             "base ms/turn over floor", "cur", "cur/base",
+             "base first event ms", "cur", "cur/base"],
+            rows,
+        )
+    )
+    parts.append(
+        "  same prompt tokens in both trees: " + ("yes" if comparison["same_prompts"] else "NO")
     )
     return parts
 

@@ -6,7 +6,8 @@ prompt tokens its prefix cache cannot supply (the cache keeps whole ``kv_block_t
 the previous prompt) at ``prefill_tokens_per_s``, plus decode (``output_tokens /
 output_tokens_per_s``), plus the tool time the client injects per call. Modes run one rollout each
 in turn (rotating the order per repeat), each with its own first system-prompt line, so the
-engine's content-addressed prefix cache never serves one run from another's prompts.
+engine's content-addressed prefix cache never serves one run from another's prompts. With a
+baseline tree, each mode runs against both trees' servers in the same rotation (:mod:`.compare`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 
 from responses_cache.backends.simulated import SimulatedConfig
 
+from . import compare
 from .agent import MODES, AgentLoop, Mode
 from .clients import TurnTiming
 from .runner import ServerSpec
-from .server import ServerProcess
+from .server import BASELINE, CURRENT, ServerProcess, servers
 from .stats import p50
 from .workload import code_text, prose_text, tool_output, tools, user_message
 
@@ -42,6 +44,8 @@ class RolloutOptions:
     repeats: int = 3
     renderer: str | None = "harmony"
     profile_dir: str | None = None
+    #: Another checkout to measure side by side with this one (``--baseline-tree``).
+    baseline_tree: str | None = None
 
 
 def spec_for(opts: RolloutOptions) -> ServerSpec:
@@ -67,13 +71,17 @@ def turns_per_rollout(opts: RolloutOptions) -> int:
 
 def run(opts: RolloutOptions, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
-    with ServerProcess(spec_for(opts)) as server:
+    with servers(spec_for(opts), opts.baseline_tree) as by_tree:
         outputs = [code_text(opts.tool_output_tokens, seed=500 + i) for i in range(opts.tool_calls)]
-        _rollout(server, opts, "ws", -1, outputs[:2], calls=2)  # warm-up: imports, tokenizer caches
+        for server in by_tree.values():  # warm-up: imports, tokenizer caches
+            _rollout(server, opts, "ws", -1, outputs[:2], calls=2)
+        lanes = compare.lanes(tuple(by_tree), MODES)
         for rep in range(opts.repeats):
-            order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
-            for mode in order:
-                runs.append(_rollout(server, opts, mode, rep, outputs, tick=tick))
+            for tree, mode in compare.rotated(lanes, rep):
+                result = _rollout(by_tree[tree], opts, mode, rep, outputs, tick=tick)
+                runs.append({"tree": tree, **result})
+        origins = {tree: server.origin for tree, server in by_tree.items()}
+        server = by_tree[CURRENT]
         if opts.profile_dir:
             server.post("/_bench/profile/start")
             _rollout(server, opts, "ws", opts.repeats, outputs)
@@ -81,7 +89,18 @@ def run(opts: RolloutOptions, tick: Callable[[int], None] = lambda n: None) -> d
             path.with_suffix(".txt").write_text(
                 server.post(f"/_bench/profile/stop?path={path}.prof&top=30")["text"]
             )
-    return {"options": asdict(opts), "runs": runs, "summary": summarize(runs)}
+    current = [r for r in runs if r["tree"] == CURRENT]
+    out: dict[str, Any] = {
+        "options": asdict(opts),
+        "runs": current,
+        "summary": summarize(current),
+        "servers": origins,
+    }
+    if opts.baseline_tree is not None:
+        baseline = [r for r in runs if r["tree"] == BASELINE]
+        out["baseline"] = {"runs": baseline, "summary": summarize(baseline)}
+        out["comparison"] = compare.rollout(current, baseline)
+    return out
 
 
 def _rollout(

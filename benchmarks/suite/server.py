@@ -1,4 +1,11 @@
-"""Start and stop the benchmark server in a subprocess (so client and server never share a GIL)."""
+"""Start and stop the benchmark server in a subprocess (so client and server never share a GIL).
+
+A server runs from a source tree: this checkout's by default, or another checkout's
+(``--baseline-tree``: e.g. ``git worktree add /tmp/base HEAD~1``), so two commits can be measured
+side by side in one run. The child imports ``responses_cache`` and the suite's runner from that
+tree (first on its ``sys.path``, and its working directory, so neither this checkout nor an
+editable install shadows it), reports the files they came from, and the parent checks them.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -17,9 +25,24 @@ from typing import IO, Any
 from .footprint import rss_bytes
 from .runner import ServerSpec
 
-# Not ``-m benchmarks.suite.runner``: the package imports the runner first (runpy warns).
-_ROOT = Path(__file__).resolve().parents[2]
-_CHILD = "import sys; from benchmarks.suite.runner import main; sys.exit(main(sys.argv[1:]))"
+#: This checkout: the source tree a server runs from unless told otherwise.
+ROOT = Path(__file__).resolve().parents[2]
+# Not ``-m benchmarks.suite.runner``: the package imports the runner first (runpy warns). The
+# child first prints where ``responses_cache`` and the runner came from (``ORIGIN {json}``), then
+# hands the runner the spec less the fields that tree's ``ServerSpec`` lacks, which must hold
+# this tree's defaults (``argv[2]``), so a spec is understood by an older or newer tree alike.
+_CHILD = """
+import dataclasses, json, sys
+import responses_cache
+from benchmarks.suite import runner
+print("ORIGIN " + json.dumps({"responses_cache": responses_cache.__file__, "runner": runner.__file__}), flush=True)
+spec, defaults = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+known = {f.name for f in dataclasses.fields(runner.ServerSpec)}
+unknown = sorted(k for k, v in spec.items() if k not in known and v != defaults.get(k))
+if unknown:
+    sys.exit(f"this tree's ServerSpec has no field {unknown} (set in the spec)")
+sys.exit(runner.main([json.dumps({k: v for k, v in spec.items() if k in known})]))
+"""
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
@@ -42,12 +65,21 @@ def _forward(stream: IO[str]) -> None:
 
 
 class ServerProcess:
-    """``with ServerProcess(spec) as server:`` — a live server on ``127.0.0.1:server.port``."""
+    """``with ServerProcess(spec) as server:`` — a live server on ``127.0.0.1:server.port``.
 
-    def __init__(self, spec: ServerSpec, *, startup_timeout: float = 60.0) -> None:
+    ``tree``: the source tree to run (default: this checkout). After :meth:`start`, ``origin``
+    holds the files the child imported ``responses_cache`` and the runner from (both checked to
+    lie inside ``tree``).
+    """
+
+    def __init__(
+        self, spec: ServerSpec, *, tree: Path = ROOT, startup_timeout: float = 60.0
+    ) -> None:
         self.spec = spec
+        self.tree = tree.resolve()
         self.startup_timeout = startup_timeout
         self.port = 0
+        self.origin: dict[str, str] = {}
         self._proc: subprocess.Popen[str] | None = None
 
     @property
@@ -66,16 +98,32 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         env = dict(os.environ)
         env.setdefault("PYTHONHASHSEED", "0")
-        # The suite lives in the source tree, not in the wheel: the child imports it from there.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        # The suite lives in the source tree, not in the wheel: the child imports it from there
+        # (the tree first on PYTHONPATH, and its cwd: ``-c`` puts the cwd first on sys.path).
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.tree), env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, self.spec.to_json()],
+            [sys.executable, "-c", _CHILD, self.spec.to_json(), ServerSpec().to_json()],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
+            cwd=self.tree,
         )
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
+        if line.startswith("ORIGIN "):
+            self.origin = json.loads(line[len("ORIGIN ") :])
+            line = self._proc.stdout.readline()
+        outside = [
+            f"{name} from {path}"
+            for name, path in self.origin.items()
+            if not Path(path).resolve().is_relative_to(self.tree)
+        ]
+        if outside or not self.origin:
+            self.stop()
+            raise RuntimeError(
+                f"benchmark server for {self.tree} imported "
+                + (", ".join(outside) if outside else f"nothing it reported (printed {line!r})")
+            )
         if not line.startswith("PORT "):
             self.stop()
             raise RuntimeError(f"benchmark server failed to start (printed {line!r})")
@@ -126,3 +174,25 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+#: The two trees of a side-by-side run: this checkout, and the ``--baseline-tree`` one.
+CURRENT = "current"
+BASELINE = "baseline"
+
+
+@contextlib.contextmanager
+def servers(spec: ServerSpec, baseline_tree: str | None) -> Iterator[dict[str, ServerProcess]]:
+    """``{"current": server}`` from this checkout, plus ``"baseline"`` from ``baseline_tree`` when
+    given (same spec; each server's origin printed, so the run shows which code it measured)."""
+    with contextlib.ExitStack() as stack:
+        started = {CURRENT: stack.enter_context(ServerProcess(spec))}
+        if baseline_tree is not None:
+            started[BASELINE] = stack.enter_context(ServerProcess(spec, tree=Path(baseline_tree)))
+            for name, server in started.items():
+                print(
+                    f"[bench] {name} server (pid {server.pid}): responses_cache from "
+                    f"{server.origin['responses_cache']}, runner from {server.origin['runner']}",
+                    file=sys.stderr,
+                )
+        yield started

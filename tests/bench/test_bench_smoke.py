@@ -11,6 +11,10 @@ import pytest
 
 from benchmarks.suite import SCENARIOS
 from benchmarks.suite import main as suite_main
+from benchmarks.suite.agent import MODES
+from benchmarks.suite.compare import lanes, rotated
+from benchmarks.suite.runner import ServerSpec
+from benchmarks.suite.server import ROOT, ServerProcess
 from benchmarks.suite.stats import bucket_of, percentile
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
@@ -92,3 +96,73 @@ def test_tiers_shape(results: tuple[dict[str, Any], Path]) -> None:
     assert many["resolved"]["c"] == {"resolved_store_total{transport=websocket}": 1.0}
     assert same["resolved"]["resolved_hot_total{transport=http}"] >= 2
     assert "http_prev_over_ws_at_target" in tiers["summary"]
+
+
+def test_baseline_tree_side_by_side(tmp_path: Path) -> None:
+    """``--baseline-tree``: this tree against itself, interleaved; figures for both and their ratio."""
+    tree = str(ROOT)
+    code = suite_main(["--out", str(tmp_path), "--baseline-tree", tree, *TINY])
+    assert code == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {"overhead", "rollout"} <= data.keys() and "scale" not in data  # the compared ones only
+    assert data["meta"]["trees"]["baseline"]["dir"] == tree
+    for name in ("overhead", "rollout"):
+        section = data[name]
+        assert section["servers"]["baseline"]["responses_cache"].startswith(tree)
+        assert "summary" in section["baseline"]
+    overhead = data["overhead"]
+    assert {s["tree"] for s in overhead["samples"]} == {"current"}
+    assert {s["tree"] for s in overhead["baseline"]["samples"]} == {"baseline"}
+    rows = overhead["comparison"]["rows"]
+    assert {r["mode"] for r in rows if r["bucket"] == "all"} == {"http_full", "http_prev", "ws"}
+    assert all(r["first_ratio"] > 0 and r["first_ratio_paired"]["n"] == r["n"] for r in rows)
+    assert overhead["comparison"]["same_history"]
+    rollout = data["rollout"]["comparison"]
+    assert rollout["same_prompts"]
+    assert all(len(rollout[m]["wall_s"]["per_repeat"]) == 1 for m in ("http_full", "http_prev", "ws"))
+
+
+def test_baseline_tree_refused(tmp_path: Path) -> None:
+    """Not a checkout, or a scenario it does not compare: refused before any server starts."""
+    assert suite_main(["--out", str(tmp_path), "--baseline-tree", str(tmp_path)]) == 2
+    args = ["--out", str(tmp_path), "--baseline-tree", str(ROOT), "--scenarios", "overhead,scale"]
+    assert suite_main(args) == 2
+
+
+def test_lanes_keep_the_single_tree_order() -> None:
+    """One tree: the lanes are the modes, rotated per round as before; two: a mode's trees adjacent."""
+    assert [m for _, m in rotated(lanes(("current",), MODES), 1)] == ["http_prev", "ws", "http_full"]
+    assert rotated(lanes(("current", "baseline"), ("ws",)), 1) == [("baseline", "ws"), ("current", "ws")]
+
+
+_FAKE_RUNNER = """
+import dataclasses, json, sys
+from pathlib import Path
+
+@dataclasses.dataclass
+class ServerSpec:
+    instant: bool = True
+
+def main(argv):
+    Path(__file__).with_name("received.json").write_text(argv[0])
+    print("PORT 1", flush=True)
+    return 0
+"""
+
+
+def test_spec_fits_an_older_tree(tmp_path: Path) -> None:
+    """A tree whose ServerSpec lacks fields gets the spec without them while they hold this tree's
+    defaults, and refuses it when one is set; the child reports which files it imported."""
+    (tmp_path / "responses_cache").mkdir()
+    (tmp_path / "responses_cache" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "suite").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "suite" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "suite" / "runner.py").write_text(_FAKE_RUNNER)
+    server = ServerProcess(ServerSpec(instant=False), tree=tmp_path, startup_timeout=0.5)
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        server.start()  # the fake runner prints a port and exits
+    assert json.loads((tmp_path / "benchmarks" / "suite" / "received.json").read_text()) == {"instant": False}
+    assert server.origin["responses_cache"] == str(tmp_path.resolve() / "responses_cache" / "__init__.py")
+    with pytest.raises(RuntimeError, match="printed ''"):
+        ServerProcess(ServerSpec(renderer="chatml"), tree=tmp_path).start()
