@@ -1,7 +1,8 @@
 """Every path that charges a tenant's token quota, read back as a client reads it: the
 ``x-ratelimit-remaining-tokens`` header of the next answer, and whether the next turns are let in.
 Each runs on both limiters, the in-process one and the Redis one (counters in Redis, charges sent
-with the tenant's next admission or in a batch), on the same app over HTTP. What is charged is what
+with the tenant's next admission or in a batch), on the same app over HTTP (and over
+WebSocket for a turn cancelled by its client leaving). What is charged is what
 is billed: the sum of the usage records, summaries included (docs/limits.md, per-tenant quotas).
 
 The Redis limiter's batch never flushes on its own here (``flush_s`` is an hour), so charges that
@@ -10,11 +11,15 @@ end close together wait in the process together, as they do between two flushes 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.backends.base import BackendEvent, GenerationRequest
@@ -236,3 +241,62 @@ async def test_counting_input_tokens_charges_nothing(limiter: RateLimiter) -> No
         assert status.headers["x-ratelimit-remaining-requests"] == "10"
         assert int(status.headers["x-ratelimit-remaining-tokens"]) == TPM
         assert (await client.post("/responses", json={"model": "sim-1", "input": "go"}, headers=A)).status_code == 200
+
+
+class ThreadHeldBackend(RecordingBackend):
+    """Each generation waits (on the server's thread) until the test lets it go; never, here."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=3)))
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        self.requests.append(request)
+        self.entered.set()
+        while not self.go.is_set():
+            await asyncio.sleep(0.005)
+        async for event in self.inner.generate(request):
+            yield event
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http-stream"])
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_turn_cancelled_by_its_client_leaving_is_charged_as_billed(
+    request: pytest.FixtureRequest, responses_cache_server_factory: Callable[..., Any], kind: str, transport: str
+) -> None:
+    """A client that leaves mid-turn (closes its WebSocket, drops its stream): the turn is
+    cancelled, billed ``cancelled`` with its prompt, and that is charged; its slot comes back."""
+    clock = LogicalClock(1_700_000_000.0)
+    chosen: RateLimiter = (
+        MemoryRateLimiter(clock=clock) if kind == "memory"
+        else RedisRateLimiter(request.getfixturevalue("single_redis_url"), clock=clock, flush_s=3600)
+    )  # the server closes it as it stops
+    backend, records = ThreadHeldBackend(), Records()
+    server = responses_cache_server_factory(
+        backend=backend, api_keys=KEYS, quotas=QuotaConfig(Quota(tokens_per_minute=TPM, concurrent_responses=1)),
+        rate_limiter=chosen, billing=records,
+    )
+    body = {"model": "sim-1", "input": "a long job " * 20, "store": False}
+    if transport == "websocket":
+        ws_url = server.http_url.replace("http", "ws", 1) + "/responses"
+        with ws_connect(ws_url, additional_headers=A) as ws:
+            ws.send(json.dumps({"type": "response.create", **body}))
+            assert backend.entered.wait(10)
+    else:
+        with httpx.Client(base_url=server.http_url, headers=A, timeout=10) as client, \
+                client.stream("POST", "/responses", json={**body, "stream": True}) as stream:
+            assert stream.status_code == 200
+            assert backend.entered.wait(10)
+    deadline = time.monotonic() + 10
+    while not records.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.status for r in records.records] == ["cancelled"] and records.tokens > 0
+    with httpx.Client(base_url=server.http_url, headers=A, timeout=10) as client:
+        remaining = TPM
+        while remaining == TPM and time.monotonic() < deadline:  # the release follows the record
+            remaining = int(client.get("/models").headers["x-ratelimit-remaining-tokens"])
+        assert remaining == TPM - records.tokens
+        backend.go.set()
+        after = client.post("/responses", json={"model": "sim-1", "input": "next"})
+        assert after.status_code == 200, after.text  # the cancelled turn's slot came back
