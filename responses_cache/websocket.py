@@ -109,7 +109,7 @@ class WebSocketMode:
         #: its size): beyond it, whoever produces the next event waits for the peer to read.
         self.outbound_bytes = outbound_bytes if outbound_bytes is not None else service.outbound_bytes
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
-        self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
+        self.budget = CacheBudget(service.process_cache_bytes, service.metrics) if service.process_cache_bytes else None
         #: A write (an event, the close frame) that takes longer aborts the connection.
         self.write_timeout_s = service.write_timeout_s
         #: Connections aborted because a write timed out or the lifetime grace ran out.
