@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -186,9 +188,7 @@ class TurnView:
         return self.session.items
 
     def cached_parent(self) -> tuple[ResponseState, bool] | None:
-        grace_hits = self.session.cache.grace_hits
-        state = self.session.resolve(self.pending, self.now)
-        return None if state is None else (state, self.session.cache.grace_hits > grace_hits)
+        return self.session.resolve(self.pending, self.now)
 
     def full_input_match(
         self, items: list[Item], tools_fingerprint: bytes, renderer: Renderer | None
@@ -201,57 +201,88 @@ class ConnectionCache:
     superseded (for a grace period). Bounded by the session's budget."""
 
     def __init__(self, keep_superseded: int = 0, grace_s: float = 0.0) -> None:
-        self.latest: dict[str | None, ResponseState] = {}
+        #: Each lane's latest response; dict order doubles as recency order (oldest first).
+        self._latest: dict[str | None, ResponseState] = {}
         #: (lane, state, expires at), oldest first; at most ``keep_superseded`` entries.
-        self.superseded: deque[tuple[str | None, ResponseState, float]] = deque(maxlen=max(keep_superseded, 1))
+        self._superseded: deque[tuple[str | None, ResponseState, float]] = deque(maxlen=max(keep_superseded, 1))
         self._keep = keep_superseded
         self._grace_s = grace_s
-        self.hits = 0
-        self.misses = 0
-        #: Hits on a superseded response (inside the grace period).
-        self.grace_hits = 0
+
+    @property
+    def latest(self) -> Mapping[str | None, ResponseState]:
+        """Each lane's latest response (read-only; least recently updated first)."""
+        return MappingProxyType(self._latest)
+
+    @property
+    def superseded(self) -> tuple[tuple[str | None, ResponseState, float], ...]:
+        """The superseded responses kept for the grace period, ``(lane, state, expires at)``,
+        oldest first (some may have expired: :meth:`find` drops them)."""
+        return tuple(self._superseded)
+
+    def latest_on(self, lane: str | None) -> ResponseState | None:
+        """The latest response on ``lane`` (``None``: none cached)."""
+        return self._latest.get(lane)
+
+    def parent(self, response_id: str, now: float = 0.0) -> tuple[ResponseState, bool] | None:
+        """The response ``response_id`` to continue from, and whether its lane has moved on since
+        (found among the superseded ones, inside the grace period); ``None``: not cached."""
+        found = self.find(response_id, now)
+        if found is None:
+            return None
+        lane, state = found
+        return state, self._latest.get(lane) is not state
 
     def find(self, response_id: str, now: float = 0.0) -> tuple[str | None, ResponseState] | None:
-        for lane, state in self.latest.items():
+        for lane, state in self._latest.items():
             if state.id == response_id:
                 return lane, state
         self._expire(now)
-        for lane, state, _ in reversed(self.superseded):
+        for lane, state, _ in reversed(self._superseded):
             if state.id == response_id:
                 return lane, state
         return None
 
     def put(self, lane: str | None, state: ResponseState, now: float = 0.0) -> None:
-        old = self.latest.pop(lane, None)
-        self.latest[lane] = state  # re-insert: dict order doubles as recency order
+        old = self._latest.pop(lane, None)
+        self._latest[lane] = state  # re-insert: dict order doubles as recency order
         if old is not None and self._keep > 0 and _descends(state.conversation, old.conversation):
-            self.superseded.append((lane, old, now + self._grace_s))
+            self._superseded.append((lane, old, now + self._grace_s))
         self._expire(now)
 
     def evict(self, response_id: str) -> None:
-        for lane, state in list(self.latest.items()):
+        for lane, state in list(self._latest.items()):
             if state.id == response_id:
-                del self.latest[lane]
-        if any(state.id == response_id for _, state, _ in self.superseded):
-            kept = [entry for entry in self.superseded if entry[1].id != response_id]
-            self.superseded.clear()
-            self.superseded.extend(kept)
+                del self._latest[lane]
+        if any(state.id == response_id for _, state, _ in self._superseded):
+            kept = [entry for entry in self._superseded if entry[1].id != response_id]
+            self._superseded.clear()
+            self._superseded.extend(kept)
+
+    def shrink_to(self, max_items: int, max_bytes: int) -> None:
+        """Over ``max_items`` or ``max_bytes`` (see :meth:`size`): drop the superseded responses
+        first, then lanes' latest responses, least recently updated first, until it fits."""
+        while self._latest:
+            items, nbytes = self.size()
+            if items <= max_items and nbytes <= max_bytes:
+                return
+            self._superseded.clear()  # over budget: the grace period is the first to go
+            del self._latest[next(iter(self._latest))]
 
     def clear(self) -> None:
-        self.latest.clear()
-        self.superseded.clear()
+        self._latest.clear()
+        self._superseded.clear()
 
     def size(self) -> tuple[int, int]:
         """(items, bytes) held by the lanes' latest responses, counting shared history once per
         lane (an upper bound). Superseded responses share their history with their successor and
         are bounded by count, so they are not counted; they are the first to go over budget."""
-        items = sum(s.conversation.count for s in self.latest.values())
-        nbytes = sum(_total_bytes(s) for s in self.latest.values())
+        items = sum(s.conversation.count for s in self._latest.values())
+        nbytes = sum(_total_bytes(s) for s in self._latest.values())
         return items, nbytes
 
     def _expire(self, now: float) -> None:
-        while self.superseded and self.superseded[0][2] <= now:
-            self.superseded.popleft()
+        while self._superseded and self._superseded[0][2] <= now:
+            self._superseded.popleft()
 
 
 def _unanswered(items: list[Item], pending: tuple[str, ...]) -> ResponsesError | None:
@@ -483,19 +514,14 @@ class Session:
             ready.append(pending)
         return ready
 
-    def resolve(self, pending: PendingTurn, now: float = 0.0) -> ResponseState | None:
-        """The cached parent of a turn, or ``None`` (the caller may hydrate from the store)."""
+    def resolve(self, pending: PendingTurn, now: float = 0.0) -> tuple[ResponseState, bool] | None:
+        """The cached parent of a turn and whether it was found superseded (in the grace period),
+        or ``None`` (the caller may hydrate from the store). Hits and misses are counted by the
+        caller, in its :class:`~responses_cache.metrics.Metrics`."""
         wanted = pending.request.previous_response_id
         if wanted is None:
             return None
-        found = self.cache.find(wanted, now)
-        if found is None:
-            self.cache.misses += 1
-            return None
-        self.cache.hits += 1
-        if self.cache.latest.get(found[0]) is not found[1]:
-            self.cache.grace_hits += 1
-        return found[1]
+        return self.cache.parent(wanted, now)
 
     def turn_cache(self, pending: PendingTurn, now: float) -> TurnView:
         """This connection's cache as ``pending`` sees it (what the service resolves parents in)."""
@@ -512,7 +538,7 @@ class Session:
         does not; the rest is rendered from there. The parent returned holds the client's own
         items (see :func:`~responses_cache.state.rebased`), so what is stored is what was sent.
         """
-        state = self.cache.latest.get(pending.lane)
+        state = self.cache.latest_on(pending.lane)
         if state is None or state.response.status == "failed":
             return None
         request = pending.request
@@ -555,7 +581,7 @@ class Session:
             if not self.config.retain_token_log and state.token_log is not None:
                 state = dataclasses.replace(state, token_log=None, fingerprint=None)
             self.cache.put(pending.lane, state, now)
-            self._enforce_budget()
+            self.cache.shrink_to(self.config.max_cached_items, self.config.max_cached_bytes)
         self._steered(pending, state, now)
         if ok:
             return
@@ -647,20 +673,21 @@ class Session:
                 PendingTurn(successor.request, successor.lane, self._seq, now, steers=successor.steers, successor=True)
             )
 
-    def _enforce_budget(self) -> None:
-        cfg = self.config
-        while self.cache.latest:
-            items, nbytes = self.cache.size()
-            if items <= cfg.max_cached_items and nbytes <= cfg.max_cached_bytes:
-                return
-            self.cache.superseded.clear()  # over budget: the grace period is the first to go
-            oldest = next(iter(self.cache.latest))
-            del self.cache.latest[oldest]
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes this connection caches: its lanes' responses and its referenceable items (what
+        the process-wide :class:`~responses_cache.budget.CacheBudget` charges it)."""
+        return self.cache.size()[1] + self.items.nbytes
+
+    def drop_cache(self) -> None:
+        """Give up every cached response and referenceable item (the process-wide budget needs
+        the room): a later continuation hydrates from the store, or is not found."""
+        self.cache.clear()
+        self.items.clear()
 
     def close(self) -> None:
         """The socket closed: drop every piece of connection-local state."""
-        self.cache.clear()
-        self.items.clear()
+        self.drop_cache()
         self.steering.clear()
         self._appendable.clear()
         for pending in [*self._waiting, *self._running.values()]:

@@ -31,7 +31,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from enum import Enum
+from typing import Any, Literal
 
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,7 +110,7 @@ class WebSocketMode:
         #: its size): beyond it, whoever produces the next event waits for the peer to read.
         self.outbound_bytes = outbound_bytes if outbound_bytes is not None else service.outbound_bytes
         #: The process-wide cap on all connections' caches (``None``: per-connection caps only).
-        self.budget = CacheBudget(service.process_cache_bytes) if service.process_cache_bytes else None
+        self.budget = CacheBudget(service.process_cache_bytes, service.metrics) if service.process_cache_bytes else None
         #: A write (an event, the close frame) that takes longer aborts the connection.
         self.write_timeout_s = service.write_timeout_s
         #: Connections aborted because a write timed out or the lifetime grace ran out.
@@ -217,6 +218,108 @@ async def _deny(websocket: WebSocket, error: ResponsesError) -> None:
     )
 
 
+class ConnectionState(Enum):
+    """Where a WebSocket connection is in its life, as its tasks see it (the session's own view,
+    :class:`~.session.SessionState`, is about work; this one is about the socket)::
+
+        OPEN ──(our close frame goes out)──▶ CLOSING ──┐
+          │ ───(a write fails)─────────────▶ BROKEN ───┼──(stop)──▶ CLOSED
+          │ ───(abort: a stuck peer)───────▶ ABORTED ──┘              ▲
+          └────(stop)──▶ FLUSHING ──(close frame out / write fails)───┘
+
+    CLOSING and BROKEN can still be aborted; "stop" is the reader ending (the peer left, or a
+    close was decided) and the connection tearing down. Only OPEN takes new events; OPEN and
+    FLUSHING still write what is queued.
+    """
+
+    #: Reading frames, running turns, writing their events.
+    OPEN = "open"
+    #: The session closed the connection and our close frame went out: nothing more is written.
+    CLOSING = "closing"
+    #: A write failed (the peer went away): nothing more is written, the turns are cancelled.
+    BROKEN = "broken"
+    #: A stuck peer (a write timed out, or the lifetime's grace ran out): turns, reader and writer
+    #: cancelled, what was queued discarded; the peer is treated as gone.
+    ABORTED = "aborted"
+    #: Tearing down with the socket still writable: no new turns or events, but what is queued
+    #: still goes out, then the close frame.
+    FLUSHING = "flushing"
+    #: Tearing down, and nothing more is written.
+    CLOSED = "closed"
+
+
+_Transition = Literal["close_sent", "write_failed", "abort", "stop"]
+
+#: What each transition does from each state (a state absent from a row: the transition leaves
+#: it as it is). Every change of :attr:`ConnectionLifecycle.state` goes through this table.
+_TRANSITIONS: dict[_Transition, dict[ConnectionState, ConnectionState]] = {
+    "close_sent": {ConnectionState.OPEN: ConnectionState.CLOSING, ConnectionState.FLUSHING: ConnectionState.CLOSED},
+    "write_failed": {ConnectionState.OPEN: ConnectionState.BROKEN, ConnectionState.FLUSHING: ConnectionState.CLOSED},
+    "abort": {
+        ConnectionState.OPEN: ConnectionState.ABORTED,
+        ConnectionState.CLOSING: ConnectionState.ABORTED,
+        ConnectionState.BROKEN: ConnectionState.ABORTED,
+        ConnectionState.FLUSHING: ConnectionState.CLOSED,
+    },
+    "stop": {
+        ConnectionState.OPEN: ConnectionState.FLUSHING,
+        ConnectionState.CLOSING: ConnectionState.CLOSED,
+        ConnectionState.BROKEN: ConnectionState.CLOSED,
+        ConnectionState.ABORTED: ConnectionState.CLOSED,
+    },
+}
+
+
+class ConnectionLifecycle:
+    """A connection's :class:`ConnectionState` and its transitions, sans I/O: the connection's
+    tasks ask it what they may do, and tell it what happened."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = ConnectionState.OPEN
+
+    @property
+    def accepting(self) -> bool:
+        """New events are sent (others are dropped: the peer is gone or the connection ends)."""
+        return self.state is ConnectionState.OPEN
+
+    @property
+    def writable(self) -> bool:
+        """What is queued may still be written to the socket."""
+        return self.state in (ConnectionState.OPEN, ConnectionState.FLUSHING)
+
+    @property
+    def stopped(self) -> bool:
+        """The connection is tearing down: no turn starts, and finished turns leave the session alone."""
+        return self.state in (ConnectionState.FLUSHING, ConnectionState.CLOSED)
+
+    def close_sent(self) -> None:
+        """Our close frame is about to go out (only while :attr:`writable`)."""
+        self._apply("close_sent")
+
+    def write_failed(self) -> None:
+        """A write raised: the peer went away."""
+        self._apply("write_failed")
+
+    def abort(self) -> bool:
+        """A stuck peer; ``False`` when the connection was aborted already or has closed (nothing to do)."""
+        return self._apply("abort")
+
+    def stop(self) -> bool:
+        """The reader ended and the connection tears down; ``True`` when it had been aborted."""
+        aborted = self.state is ConnectionState.ABORTED
+        self._apply("stop")
+        return aborted
+
+    def _apply(self, transition: _Transition) -> bool:
+        following = _TRANSITIONS[transition].get(self.state)
+        if following is None:
+            return False
+        self.state = following
+        return True
+
+
 class _Connection:
     def __init__(self, mode: WebSocketMode, websocket: WebSocket, tenant: str, send: Send) -> None:
         self.mode = mode
@@ -241,14 +344,13 @@ class _Connection:
         self._queued_bytes = 0
         self._drained = asyncio.Event()
         self._direct = 0
-        self._usable = True
+        #: Every decision about what the connection may still do reads this.
+        self.lifecycle = ConnectionLifecycle()
         self.turns: set[asyncio.Task[None]] = set()
         #: Turns already told to stop: each is cancelled once (see :meth:`_cancel_turns`).
         self._cancelled: set[asyncio.Task[None]] = set()
-        self.closed = False
         self._reader: asyncio.Task[tuple[int, bool]] | None = None
         self._writer_task: asyncio.Task[None] | None = None
-        self._aborted = False
         #: When the write in progress started (``None``: no write in progress).
         self._write_started: float | None = None
 
@@ -261,12 +363,13 @@ class _Connection:
         try:
             close_code, disconnected = await reader
         except asyncio.CancelledError:
-            if not self._aborted:  # cancelled from outside (server shutdown): still clean up
+            # Cancelled from outside (server shutdown), not by an abort: still clean up.
+            if self.lifecycle.state is not ConnectionState.ABORTED:
                 reader.cancel()
                 raise
             disconnected = True  # aborted: the peer is treated as gone, nothing more is written
         finally:
-            self.closed = True
+            aborted = self.lifecycle.stop()
             if self.input is not None:
                 self.input.close()
             lifetime.cancel()
@@ -283,15 +386,15 @@ class _Connection:
                 self.session.close()
                 if self.mode.budget is not None:
                     self.mode.budget.forget(self.session)
-                if self._aborted or disconnected:
+                if aborted or disconnected:
                     writer.cancel()  # nobody to flush to
                     self._discard_outbound()
             if self.session.close_code is not None:
                 close_code = self.session.close_code
-            if not (disconnected or self._aborted):
+            if not (disconnected or aborted):
                 await self.outbound.put(None)  # the writer never stops reading before this
             await _settle([writer])
-            if not disconnected and self._usable:
+            if not disconnected and self.lifecycle.writable:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.ws.close(close_code), self.mode.write_timeout_s)
 
@@ -324,10 +427,8 @@ class _Connection:
 
     def _abort(self) -> None:
         """A stuck peer: stop writing, cancel every turn and the reader; :meth:`run` frees the state."""
-        if self._aborted:
+        if not self.lifecycle.abort():
             return
-        self._aborted = True
-        self._usable = False
         self.mode.aborted += 1
         self._cancel_turns()
         if self._reader is not None:
@@ -370,7 +471,7 @@ class _Connection:
         """Send the session's errors, start what may start, and close when the session says so."""
         for event in self.session.drain():
             await self._send(event)
-        if self.closed:
+        if self.lifecycle.stopped:
             return
         for pending in self.session.startable():
             task = asyncio.ensure_future(self._turn(pending))
@@ -385,7 +486,7 @@ class _Connection:
         self._cancelled.discard(task)
 
     async def _send(self, event: ev.Event) -> None:
-        if self.closed or not self._usable:
+        if not self.lifecycle.accepting:
             await asyncio.sleep(0)  # the peer is gone: let the cancellation reach this turn
             return
         data = encode(event)
@@ -401,7 +502,7 @@ class _Connection:
         self._queued += 1
         # Bounded in bytes as well as in events: a peer that does not read holds at most
         # ``outbound_bytes`` (or one event) here, and the turns producing more wait.
-        while self._queued_bytes > 0 and self._queued_bytes + len(data) > self.mode.outbound_bytes and self._usable:
+        while self._queued_bytes > 0 and self._queued_bytes + len(data) > self.mode.outbound_bytes and self.lifecycle.writable:
             self._drained.clear()
             await self._drained.wait()
         self._queued_bytes += len(data)
@@ -409,13 +510,13 @@ class _Connection:
         await self.outbound.put(data)
 
     async def _write(self, data: bytes) -> None:
-        if not self._usable:
+        if not self.lifecycle.writable:
             return
         self._write_started = time.monotonic()  # the watchdog aborts a write that never returns
         try:
             await self._asgi_send({"type": "websocket.send", "text": data.decode()})
         except Exception:  # the peer went away: stop generating for it
-            self._usable = False
+            self.lifecycle.write_failed()
             self._cancel_turns()
         finally:
             self._write_started = None
@@ -441,8 +542,8 @@ class _Connection:
                 return
             async with self._writing:
                 if data is _CLOSE:
-                    if self._usable:
-                        self._usable = False
+                    if self.lifecycle.writable:
+                        self.lifecycle.close_sent()
                         self._write_started = time.monotonic()
                         try:
                             await self.ws.close(self.session.close_code or 1000)
@@ -471,7 +572,7 @@ class _Connection:
             logger.exception("turn failed")
             self.session.rejected(pending, server_error())
         finally:
-            if not self.closed:
+            if not self.lifecycle.stopped:
                 self.mode.metrics.observe("turn_seconds", time.perf_counter() - started, {"transport": "websocket"})
                 self.session.finished(pending, state, time.monotonic())
                 if self.mode.budget is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from test_session import create, state
 
 from responses_cache.budget import CacheBudget
+from responses_cache.metrics import InMemoryMetrics
 from responses_cache.session import Session, SessionConfig
 
 
@@ -17,13 +18,14 @@ def _session_with(nbytes: int, rid: str) -> Session:
 
 
 def test_least_recently_used_connections_give_way() -> None:
-    budget = CacheBudget(max_bytes=250)
+    metrics = InMemoryMetrics()
+    budget = CacheBudget(max_bytes=250, metrics=metrics)
     a, b, c = _session_with(100, "a"), _session_with(100, "b"), _session_with(100, "c")
     budget.touch(a)
     budget.touch(b)
     budget.touch(a)  # a is used again: b is now the least recently used
     budget.touch(c)
-    assert b.cache.latest == {} and budget.evictions == 1
+    assert b.cache.latest == {} and metrics.total("cache_budget_evictions_total") == 1
     assert a.cache.find("a") is not None and c.cache.find("c") is not None
     assert budget.total_bytes == 200 and len(budget) == 2
 
