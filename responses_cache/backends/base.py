@@ -18,14 +18,36 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..conversation import Conversation
+from ..engine_events import (
+    BackendEvent,
+    EngineUsage,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
 from ..protocol.tools import ToolSet
+from ..tokens.base import Renderer
+from ..tokens.log import TokenLog
 
-if TYPE_CHECKING:
-    from ..tokens.base import Renderer
-    from ..tokens.log import TokenLog
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendEvent",
+    "EngineUsage",
+    "Finish",
+    "GenerationRequest",
+    "PreflightBackend",
+    "Prompt",
+    "ReasoningDelta",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolCallStart",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,64 +107,6 @@ class GenerationRequest:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """Assistant message text. ``token_ids``: the sampled ids, when the engine reports them."""
-
-    text: str
-    token_ids: Sequence[int] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    """Raw chain-of-thought text (rendered back as an analysis/reasoning item)."""
-
-    text: str
-    token_ids: Sequence[int] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallStart:
-    """A new tool call; its arguments follow as :class:`ToolCallDelta` values. ``custom=True``
-    starts a call of a custom (freeform) tool: the deltas are then its plain-text ``input``."""
-
-    name: str
-    call_id: str | None = None
-    namespace: str | None = None
-    custom: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """Function-call arguments (JSON text), or a custom tool call's input text."""
-
-    arguments: str
-    token_ids: Sequence[int] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineUsage:
-    """What the engine measured; fields left ``None`` are computed by the pipeline."""
-
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    output_tokens: int | None = None
-    reasoning_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """The end of generation. ``reason``: ``stop`` (or ``tool_calls``), ``length``, ``content_filter``."""
-
-    reason: Literal["stop", "tool_calls", "length", "content_filter"] = "stop"
-    usage: EngineUsage | None = None
-    #: The complete sampled id stream after the generation prompt, structural tokens included
-    #: (for harmony: ``<|channel|>…<|message|>…<|end|>``). When given, the assistant turn is kept
-    #: in the token log as exactly these ids; otherwise it is rendered from the output items.
-    token_ids: Sequence[int] | None = None
-
-
-BackendEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Finish
 
 
 class BackendError(Exception):

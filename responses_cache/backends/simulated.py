@@ -46,7 +46,6 @@ import time
 from array import array
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
@@ -64,7 +63,9 @@ from ..protocol.items import (
     text_of,
 )
 from ..protocol.tools import FunctionTool
+from ..tokens.hf import HFRenderer
 from ..tokens.log import TokenLog
+from ..tokens.parsing import OutputParser
 from .base import (
     BackendEvent,
     EngineUsage,
@@ -74,9 +75,6 @@ from .base import (
     ToolCallDelta,
     ToolCallStart,
 )
-
-if TYPE_CHECKING:
-    from ..tokens.parsing import OutputParser
 
 _BACKTICKS = re.compile(r"`([^`\n]+)`")
 _FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -205,8 +203,6 @@ class SimulatedEngine:
     def _speak(self, request: GenerationRequest, plan: _Plan) -> tuple[list[int], OutputParser] | None:
         """With an ``hf`` renderer: the reply's ids in the model's format (reasoning, then the call
         or the answer, up to the first stop token) and the renderer's parser; else None."""
-        from ..tokens.hf import HFRenderer
-
         renderer = request.prompt.renderer if request.prompt is not None else None
         if not isinstance(renderer, HFRenderer):
             return None

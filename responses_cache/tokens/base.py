@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import tiktoken
 
@@ -54,9 +54,7 @@ from .log import (
     find_call,
     relayout,
 )
-
-if TYPE_CHECKING:
-    from .parsing import OutputParser
+from .parsing import OutputParser
 
 
 @dataclass

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import TYPE_CHECKING
 
 from ..protocol.items import (
     CustomToolCall,
@@ -38,6 +37,7 @@ from ..protocol.items import (
 from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
 from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
 from .log import ANALYSIS, ASSISTANT, FINAL
+from .parsing import ChatMLParser, OutputParser, opens_think
 from .vocab import CHATML_SPECIALS, load_chatml_encoding
 
 _TOOLS_INTRO = (
@@ -49,9 +49,6 @@ _TOOLS_OUTRO = (
     "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
-
-if TYPE_CHECKING:
-    from .parsing import OutputParser
 
 
 class ChatMLRenderer(BaseRenderer):
@@ -83,8 +80,6 @@ class ChatMLRenderer(BaseRenderer):
         return (self._im_end,)
 
     def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
-        from .parsing import ChatMLParser
-
         return ChatMLParser(custom_tools, in_think=self._opens_think)
 
     def end_token(self, tool_call: bool) -> int:
@@ -97,8 +92,6 @@ class ChatMLRenderer(BaseRenderer):
     @property
     def _opens_think(self) -> bool:
         """Whether the generation prompt leaves a ``<think>`` block open (thinking templates)."""
-        from .parsing import opens_think
-
         return opens_think(self.decode(list(self.generation_prompt)))
 
     @property

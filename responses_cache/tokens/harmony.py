@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..protocol.items import (
     CustomToolCall,
@@ -45,14 +45,12 @@ from ..protocol.items import (
 from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
 from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
 from .log import ANALYSIS, ASSISTANT, FINAL, Facts
+from .parsing import HarmonyParser, OutputParser
 from .tsschema import tools_section
 from .vocab import load_encoding
 
 DEFAULT_MODEL_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 ReasoningEffort = Literal["low", "medium", "high"]
-
-if TYPE_CHECKING:
-    from .parsing import OutputParser
 
 
 class HarmonyRenderer(BaseRenderer):
@@ -148,8 +146,6 @@ class HarmonyRenderer(BaseRenderer):
         return (self._return, self._call)
 
     def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
-        from .parsing import HarmonyParser
-
         return HarmonyParser(custom_tools)
 
     def end_token(self, tool_call: bool) -> int:

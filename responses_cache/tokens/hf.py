@@ -79,7 +79,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import tiktoken
 
@@ -96,11 +96,10 @@ from .base import RenderStats, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
 from .hf_messages import chat_messages, chat_tools, parse_arguments, qualified, template_view
+from .hf_parsing import detect_format, family_parser, tool_call_prefix
 from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder, literals_pattern
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
-
-if TYPE_CHECKING:
-    from .parsing import OutputParser
+from .parsing import OutputParser, opens_think
 
 logger = logging.getLogger("responses_cache.tokens")
 
@@ -291,8 +290,6 @@ class HFRenderer:
             raise ValueError(f"window must be a positive number of items or None, not {window}")
         if history not in ("template", "keep"):
             raise ValueError(f"history must be 'template' or 'keep', not {history!r}")
-        from .hf_parsing import detect_format
-
         files = load_model_files(model, chat_template=chat_template)
         self.files = files
         self.history: History = history
@@ -396,9 +393,6 @@ class HFRenderer:
         return self._eos if self._eos is not None else self._stops[0]
 
     def output_parser(self, custom_tools: frozenset[str] = frozenset()) -> OutputParser:
-        from .hf_parsing import family_parser
-        from .parsing import opens_think
-
         return family_parser(
             self.format,
             custom_tools,
@@ -407,9 +401,6 @@ class HFRenderer:
         )
 
     def tool_call_prefix(self, name: str | None) -> str:
-        from .hf_parsing import tool_call_prefix
-        from .parsing import opens_think
-
         return tool_call_prefix(self.format, name, in_think=opens_think(self.decode(list(self._gen_prompt))))
 
     def fingerprint(self, instructions: str | None, tools: ToolSet) -> bytes:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..backends.base import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from ..engine_events import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from ..ids import short_call_id
 
 FORMATS = ("hermes", "llama3", "deepseek", "mistral", "plain")

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..backends.base import (
+from ..engine_events import (
     BackendEvent,
     ReasoningDelta,
     TextDelta,
