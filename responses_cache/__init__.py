@@ -7,50 +7,57 @@ change. In short::
     from responses_cache import WebSocketMode, create_service    # native mode in your own app
     app.add_middleware(WebSocketMode, service=create_service(backend=my_backend, api_keys=[...]))
 
-See ``docs/api.md`` for each name with an example.
+See ``docs/api.md`` for each name with an example. The names are imported on first use (PEP 562),
+so importing a part of the package (``responses_cache.tokens``…) loads only what that part needs.
 """
 
-from .app import ServerConfig, create_app, create_service
-from .auth import AllowAll, Authenticator, BearerKeys
-from .backends import (
-    Backend,
-    BackendError,
-    BackendEvent,
-    EngineUsage,
-    Finish,
-    GenerationRequest,
-    Prompt,
-    ReasoningDelta,
-    Scenario,
-    SimulatedConfig,
-    SimulatedEngine,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallStart,
-    load_backend,
-)
-from .billing import (
-    Biller,
-    BillingSink,
-    CallableSink,
-    JsonlSink,
-    SqliteSink,
-    UsageRecord,
-    WebhookSink,
-)
-from .host import HostScope
-from .input_rate import InputRateLimits
-from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
-from .pipeline import Hook, HookContext, Limits, Verdict
-from .protocol.errors import ResponsesError
-from .quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
-from .routing import Route, Router, StaticRouter
-from .runtime import Service
-from .session import SessionConfig
-from .store import MemoryResponseStore, ResponseStore, StoredResponse
-from .tokens import Renderer, get_renderer
-from .tracing import Tracer
-from .websocket import WebSocketMode
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import ServerConfig, create_app, create_service
+    from .auth import AllowAll, Authenticator, BearerKeys
+    from .backends import (
+        Backend,
+        BackendError,
+        BackendEvent,
+        EngineUsage,
+        Finish,
+        GenerationRequest,
+        Prompt,
+        ReasoningDelta,
+        Scenario,
+        SimulatedConfig,
+        SimulatedEngine,
+        TextDelta,
+        ToolCallDelta,
+        ToolCallStart,
+        load_backend,
+    )
+    from .billing import (
+        Biller,
+        BillingSink,
+        CallableSink,
+        JsonlSink,
+        SqliteSink,
+        UsageRecord,
+        WebhookSink,
+    )
+    from .host import HostScope
+    from .input_rate import InputRateLimits
+    from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
+    from .pipeline import Hook, HookContext, Limits, Verdict
+    from .protocol.errors import ResponsesError
+    from .quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
+    from .routing import Route, Router, StaticRouter
+    from .runtime import Service
+    from .session import SessionConfig
+    from .store import MemoryResponseStore, ResponseStore, StoredResponse
+    from .tokens import Renderer, get_renderer
+    from .tracing import Tracer
+    from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
 
@@ -112,3 +119,77 @@ __all__ = [
     "get_renderer",
     "load_backend",
 ]
+
+#: Where each public name is defined (a module of this package). A name is imported on first
+#: use, so ``import responses_cache.tokens`` (or any other part of the sans-I/O core) does not
+#: import the ASGI edge, Starlette with it.
+_PUBLIC: dict[str, str] = {
+    "AllowAll": "auth",
+    "Authenticator": "auth",
+    "Backend": "backends",
+    "BackendError": "backends",
+    "BackendEvent": "backends",
+    "BearerKeys": "auth",
+    "Biller": "billing",
+    "BillingSink": "billing",
+    "CallableSink": "billing",
+    "EngineUsage": "backends",
+    "Finish": "backends",
+    "GenerationRequest": "backends",
+    "Hook": "pipeline",
+    "HookContext": "pipeline",
+    "HostScope": "host",
+    "InMemoryMetrics": "metrics",
+    "InputRateLimits": "input_rate",
+    "JsonlSink": "billing",
+    "Limits": "pipeline",
+    "MemoryRateLimiter": "quotas",
+    "MemoryResponseStore": "store",
+    "Metrics": "metrics",
+    "MetricsTee": "metrics",
+    "PrometheusMetrics": "metrics",
+    "Prompt": "backends",
+    "Quota": "quotas",
+    "QuotaConfig": "quotas",
+    "RateLimiter": "quotas",
+    "ReasoningDelta": "backends",
+    "Renderer": "tokens",
+    "ResponseStore": "store",
+    "ResponsesError": "protocol.errors",
+    "Route": "routing",
+    "Router": "routing",
+    "Scenario": "backends",
+    "ServerConfig": "app",
+    "Service": "runtime",
+    "SessionConfig": "session",
+    "SimulatedConfig": "backends",
+    "SimulatedEngine": "backends",
+    "SqliteSink": "billing",
+    "StaticRouter": "routing",
+    "StoredResponse": "store",
+    "TextDelta": "backends",
+    "ToolCallDelta": "backends",
+    "ToolCallStart": "backends",
+    "Tracer": "tracing",
+    "UsageRecord": "billing",
+    "Verdict": "pipeline",
+    "WebSocketMode": "websocket",
+    "WebhookSink": "billing",
+    "create_app": "app",
+    "create_service": "app",
+    "get_renderer": "tokens",
+    "load_backend": "backends",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -1,0 +1,73 @@
+"""The sans-I/O core imports without the ASGI edge: the package root loads its names on first use.
+
+Each check runs in a fresh interpreter, since this one has long imported everything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+#: The parts of the package that must import without Starlette or a server.
+CORE = [
+    "responses_cache.protocol",
+    "responses_cache.engine_events",
+    "responses_cache.tokens",
+    "responses_cache.backends",
+    "responses_cache.routing",
+    "responses_cache.conversation",
+    "responses_cache.compaction",
+    "responses_cache.state",
+    "responses_cache.store",
+    "responses_cache.references",
+    "responses_cache.listing",
+    "responses_cache.hot",
+    "responses_cache.quotas",
+    "responses_cache.fairness",
+    "responses_cache.input_rate",
+    "responses_cache.metrics",
+    "responses_cache.tracing",
+    "responses_cache.billing",
+    "responses_cache.pipeline",
+    "responses_cache.session",
+    "responses_cache.steering",
+    "responses_cache.budget",
+    "responses_cache.service",
+    "responses_cache.background",
+    "responses_cache.runtime",
+    "responses_cache.lifecycle",
+    "responses_cache.auth",
+    "responses_cache.engines",
+    "responses_cache.safety",
+]
+
+
+def _loaded_after(modules: list[str]) -> set[str]:
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    return set(result.stdout.split())
+
+
+@pytest.mark.subprocess
+def test_importing_the_tokens_package_loads_neither_starlette_nor_the_edge() -> None:
+    loaded = _loaded_after(["responses_cache.tokens"])
+    assert "starlette" not in loaded
+    assert not {m for m in loaded if m.startswith("responses_cache.") and "websocket" in m}
+
+
+@pytest.mark.subprocess
+def test_the_whole_core_imports_without_starlette_or_uvicorn() -> None:
+    loaded = _loaded_after(CORE)
+    assert "starlette" not in loaded
+    assert "uvicorn" not in loaded
+
+
+@pytest.mark.subprocess
+def test_the_root_still_gives_every_public_name() -> None:
+    code = "import responses_cache as r; assert all(getattr(r, n) is not None for n in r.__all__); assert set(r.__all__) <= set(dir(r))"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
