@@ -19,9 +19,9 @@ from typing import Any
 from websockets.sync.client import connect
 
 from responses_cache import Scenario, SimulatedConfig, SimulatedEngine, create_app
-from responses_cache.pytest_plugin import serve_in_thread
-from responses_cache.routing import Route, StaticRouter
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.backends.routing import Route, StaticRouter
+from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.testing.pytest_plugin import serve_in_thread
 from responses_cache.tokens import get_renderer
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]

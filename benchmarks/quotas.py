@@ -29,7 +29,7 @@ import statistics
 import time
 from typing import Any
 
-from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig, Quotas
+from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig, Quotas
 
 
 class Clock:
@@ -135,7 +135,7 @@ async def http_turns(turns: int, repeats: int) -> dict[str, float]:
 
 
 async def redis_turns(url: str, tenants: int, turns: int) -> dict[str, float]:
-    from responses_cache.redis_quotas import RedisRateLimiter
+    from responses_cache.limits.redis_quotas import RedisRateLimiter
 
     limiter = RedisRateLimiter(url, flush_s=0.05)
     quotas = Quotas(

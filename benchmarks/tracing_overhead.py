@@ -24,7 +24,7 @@ server processes, and the figures are pooled over blocks:
 The modes:
 
 * ``off``: no tracer (the default: the seam's do-nothing span);
-* ``api``: :class:`~responses_cache.otel.OpenTelemetryTracer` over the OpenTelemetry API with no
+* ``api``: :class:`~responses_cache.observability.otel.OpenTelemetryTracer` over the OpenTelemetry API with no
   SDK configured (what ``--otel`` costs where nothing collects);
 * ``sdk``: the SDK with a batch span processor whose exporter encodes every span as OTLP protobuf
   and drops the bytes (the work of exporting, without a collector on the network);
@@ -104,7 +104,7 @@ def _serve(mode: str, engine: str, tokens_per_s: float) -> None:
     metrics: Any = prometheus
     tracer = None
     if mode not in ("off", CONTROL):
-        from responses_cache.otel import OpenTelemetryMetrics, OpenTelemetryTracer
+        from responses_cache.observability.otel import OpenTelemetryMetrics, OpenTelemetryTracer
 
         provider = meter_provider = None
         if mode.startswith("sdk"):
@@ -260,7 +260,7 @@ def seam_cost_ns(turns: int = 200_000) -> float:
     """Nanoseconds per turn of the tracing seam's calls when nothing traces (the default): one
     turn span, the stages a traced turn with a hook and a journal opens, the engine's trace
     context, and the end — what the pipeline calls whether or not a tracer is configured."""
-    from responses_cache.tracing import NO_TRACER
+    from responses_cache.observability.tracing import NO_TRACER
 
     stages = ("resolve", "validate", "hook patterns", "render", "engine", "engine.first_token", "journal.open", "journal.close")
     carrier: dict[str, str] = {}

@@ -17,8 +17,6 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import ServerConfig, create_app, create_service
-    from .auth import AllowAll, Authenticator, BearerKeys
     from .backends import (
         Backend,
         BackendError,
@@ -36,6 +34,7 @@ if TYPE_CHECKING:
         ToolCallStart,
         load_backend,
     )
+    from .backends.routing import Route, Router, StaticRouter
     from .billing import (
         Biller,
         BillingSink,
@@ -45,19 +44,20 @@ if TYPE_CHECKING:
         UsageRecord,
         WebhookSink,
     )
-    from .host import HostScope
-    from .input_rate import InputRateLimits
-    from .metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
+    from .core.auth import AllowAll, Authenticator, BearerKeys
+    from .core.runtime import Service
+    from .edge.app import ServerConfig, create_app, create_service
+    from .edge.host import HostScope
+    from .edge.websocket import WebSocketMode
+    from .limits.input_rate import InputRateLimits
+    from .limits.quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
+    from .observability.metrics import InMemoryMetrics, Metrics, MetricsTee, PrometheusMetrics
+    from .observability.tracing import Tracer
     from .pipeline import Hook, HookContext, Limits, Verdict
     from .protocol.errors import ResponsesError
-    from .quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
-    from .routing import Route, Router, StaticRouter
-    from .runtime import Service
-    from .session import SessionConfig
-    from .store import MemoryResponseStore, ResponseStore, StoredResponse
+    from .session.session import SessionConfig
+    from .storage.store import MemoryResponseStore, ResponseStore, StoredResponse
     from .tokens import Renderer, get_renderer
-    from .tracing import Tracer
-    from .websocket import WebSocketMode
 
 __version__ = "0.1.0"
 
@@ -124,12 +124,12 @@ __all__ = [
 #: use, so ``import responses_cache.tokens`` (or any other part of the sans-I/O core) does not
 #: import the ASGI edge, Starlette with it.
 _PUBLIC: dict[str, str] = {
-    "AllowAll": "auth",
-    "Authenticator": "auth",
+    "AllowAll": "core.auth",
+    "Authenticator": "core.auth",
     "Backend": "backends",
     "BackendError": "backends",
     "BackendEvent": "backends",
-    "BearerKeys": "auth",
+    "BearerKeys": "core.auth",
     "Biller": "billing",
     "BillingSink": "billing",
     "CallableSink": "billing",
@@ -138,45 +138,45 @@ _PUBLIC: dict[str, str] = {
     "GenerationRequest": "backends",
     "Hook": "pipeline",
     "HookContext": "pipeline",
-    "HostScope": "host",
-    "InMemoryMetrics": "metrics",
-    "InputRateLimits": "input_rate",
+    "HostScope": "edge.host",
+    "InMemoryMetrics": "observability.metrics",
+    "InputRateLimits": "limits.input_rate",
     "JsonlSink": "billing",
     "Limits": "pipeline",
-    "MemoryRateLimiter": "quotas",
-    "MemoryResponseStore": "store",
-    "Metrics": "metrics",
-    "MetricsTee": "metrics",
-    "PrometheusMetrics": "metrics",
+    "MemoryRateLimiter": "limits.quotas",
+    "MemoryResponseStore": "storage.store",
+    "Metrics": "observability.metrics",
+    "MetricsTee": "observability.metrics",
+    "PrometheusMetrics": "observability.metrics",
     "Prompt": "backends",
-    "Quota": "quotas",
-    "QuotaConfig": "quotas",
-    "RateLimiter": "quotas",
+    "Quota": "limits.quotas",
+    "QuotaConfig": "limits.quotas",
+    "RateLimiter": "limits.quotas",
     "ReasoningDelta": "backends",
     "Renderer": "tokens",
-    "ResponseStore": "store",
+    "ResponseStore": "storage.store",
     "ResponsesError": "protocol.errors",
-    "Route": "routing",
-    "Router": "routing",
+    "Route": "backends.routing",
+    "Router": "backends.routing",
     "Scenario": "backends",
-    "ServerConfig": "app",
-    "Service": "runtime",
-    "SessionConfig": "session",
+    "ServerConfig": "edge.app",
+    "Service": "core.runtime",
+    "SessionConfig": "session.session",
     "SimulatedConfig": "backends",
     "SimulatedEngine": "backends",
     "SqliteSink": "billing",
-    "StaticRouter": "routing",
-    "StoredResponse": "store",
+    "StaticRouter": "backends.routing",
+    "StoredResponse": "storage.store",
     "TextDelta": "backends",
     "ToolCallDelta": "backends",
     "ToolCallStart": "backends",
-    "Tracer": "tracing",
+    "Tracer": "observability.tracing",
     "UsageRecord": "billing",
     "Verdict": "pipeline",
-    "WebSocketMode": "websocket",
+    "WebSocketMode": "edge.websocket",
     "WebhookSink": "billing",
-    "create_app": "app",
-    "create_service": "app",
+    "create_app": "edge.app",
+    "create_service": "edge.app",
     "get_renderer": "tokens",
     "load_backend": "backends",
 }

@@ -1,136 +1,30 @@
-"""What adapters for OpenAI-compatible inference engines share (a public module).
+"""``responses_cache.engines``, the documented import path of :mod:`responses_cache.backends.engines`.
 
-* :class:`IncrementalDecoder`: sampled ids decoded locally with the renderer's encoding, holding
-  incomplete UTF-8 back until the rest of the character arrives (token boundaries do not fall on
-  character boundaries).
-* Engine failures mapped to the error codes clients act on:
+It re-exports that module's public names (the module moved when the package was grouped by
+role). Patch or extend the module itself, not this one."""
 
-  * HTTP 400 about the context length -> ``context_length_exceeded``;
-  * 429 -> ``rate_limit_exceeded`` with the engine's retry hint (``Retry-After``);
-  * 502/503/504 and refused connections -> retryable: another replica is tried, as long as no
-    token has been streamed yet;
-  * an error chunk mid-stream, a finish reason ``abort``/``error``/``repetition`` -> a failed
-    response (``server_error``), never a normal stop.
-
-* :func:`refusal`: a failure before the engine accepted the request (its 4xx, our own checks)
-  as the plain error an HTTP client would get, for a backend's ``open_stream`` to raise before
-  the response exists (``response.failed`` takes only the codes of a generation failure).
-"""
-
-from __future__ import annotations
-
-import codecs
-import json
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from .backends.base import BackendError
-from .protocol.errors import ResponsesError
-
-_CONTEXT = re.compile(
-    r"context length|context window|maximum context|max_model_len|too long|prompt is too long|exceeds the max",
-    re.IGNORECASE,
+from .backends.engines import (
+    RETRYABLE_STATUS,
+    EngineUnavailable,
+    IncrementalDecoder,
+    body_message,
+    finish_error,
+    http_error,
+    message_of,
+    refusal,
+    retry_after,
+    stream_error,
 )
-RETRYABLE_STATUS = frozenset({502, 503, 504})
 
-#: A refusal's HTTP status, type and ``param`` by code (anything else: the server's fault).
-_REFUSALS: dict[str, tuple[int, str, str | None]] = {
-    "context_length_exceeded": (400, "invalid_request_error", "input"),
-    "unsupported_value": (400, "invalid_request_error", "tool_choice"),
-    "invalid_request_error": (400, "invalid_request_error", None),
-    "rate_limit_exceeded": (429, "rate_limit_error", None),
-}
-
-
-def refusal(error: BackendError) -> ResponsesError:
-    """A failure before the engine accepted the request, as a plain error with its HTTP status."""
-    status, kind, param = _REFUSALS.get(error.code, (502, "server_error", None))
-    code = error.code if error.code in _REFUSALS else "server_error"
-    return ResponsesError(str(error), status=status, type=kind, code=code, param=param)
-
-
-class IncrementalDecoder:
-    """``feed(ids)`` returns the text those ids complete; ``close()`` what is left."""
-
-    def __init__(self, encoding: Any) -> None:
-        self._encoding = encoding
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, ids: Sequence[int]) -> str:
-        data: bytes = self._encoding.decode_bytes(list(ids))
-        return str(self._utf8.decode(data))
-
-    def close(self) -> str:
-        return str(self._utf8.decode(b"", final=True))
-
-
-class EngineUnavailable(Exception):
-    """A replica could not take the request (try another one if nothing was streamed yet)."""
-
-    def __init__(self, error: BackendError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def message_of(payload: Any) -> str:
-    """The human message of an engine's error body (vLLM ``{"error": {...}}``, SGLang
-    ``{"object": "error", "message": ...}``, FastAPI ``{"detail": ...}``, Cerebras top-level)."""
-    if isinstance(payload, Mapping):
-        inner = payload.get("error")
-        if isinstance(inner, Mapping):
-            return str(inner.get("message") or inner)
-        if isinstance(inner, str):
-            return inner
-        for key in ("message", "detail"):
-            if payload.get(key):
-                return str(payload[key])
-    return str(payload)[:500]
-
-
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        return None
-
-
-def body_message(body: bytes) -> str:
-    """The human message of an error answer's body: :func:`message_of` its JSON, else its text."""
-    try:
-        return message_of(json.loads(body))
-    except ValueError:
-        return body.decode(errors="replace")[:500]
-
-
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
-    """The error for a non-200 answer (raise :class:`EngineUnavailable` for retryable ones)."""
-    message = body_message(body)
-    if status == 429:
-        wait = retry_after(headers)
-        hint = f" Please retry after {wait:g}s." if wait is not None else " Please retry later."
-        return BackendError(f"The engine is rate limited: {message}.{hint}", "rate_limit_exceeded", retry_after=wait)
-    if status == 400 and _CONTEXT.search(message):
-        return BackendError(f"The prompt does not fit the model's context window: {message}", "context_length_exceeded")
-    return BackendError(f"the engine answered HTTP {status}: {message}", "server_error")
-
-
-def stream_error(payload: Any) -> BackendError:
-    """An error chunk in the middle of a stream."""
-    message = message_of(payload)
-    if _CONTEXT.search(message):
-        return BackendError(f"The prompt does not fit the model's context window: {message}", "context_length_exceeded")
-    return BackendError(f"the engine failed mid-stream: {message}", "server_error")
-
-
-def finish_error(reason: str, detail: str = "") -> BackendError:
-    """Finish reasons that are not a normal end of generation."""
-    what = {
-        "abort": "the engine aborted the generation",
-        "repetition": "the engine stopped a repetitive generation (finish_reason 'repetition')",
-        "error": "the engine reported an error during generation",
-    }.get(reason, f"the engine ended generation with finish_reason {reason!r}")
-    return BackendError(f"{what}{': ' + detail if detail else ''}", "server_error")
+__all__ = [
+    "RETRYABLE_STATUS",
+    "EngineUnavailable",
+    "IncrementalDecoder",
+    "body_message",
+    "finish_error",
+    "http_error",
+    "message_of",
+    "refusal",
+    "retry_after",
+    "stream_error",
+]

@@ -1,8 +1,8 @@
 """Server-side memory accounting of the connection caches, without tracemalloc.
 
 Runs inside the server process (see :mod:`.runner`): finds every live WebSocket
-:class:`~responses_cache.session.Session` through the garbage collector and sums the sizes of the
-objects its cached :class:`~responses_cache.state.ResponseState` values hold, each object counted
+:class:`~responses_cache.session.session.Session` through the garbage collector and sums the sizes of the
+objects its cached :class:`~responses_cache.storage.state.ResponseState` values hold, each object counted
 once even when states share it. The categories say where cache memory goes:
 
 * ``token_log`` — token-log nodes and their ``array('I')`` segments;
@@ -68,7 +68,7 @@ class _Walker:
 
 def cache_footprint() -> dict[str, Any]:
     """Bytes held by every live connection cache, by category, and the tokens they cache."""
-    from responses_cache.session import Session
+    from responses_cache.session.session import Session
 
     gc.collect()
     sessions = [o for o in gc.get_objects() if isinstance(o, Session)]

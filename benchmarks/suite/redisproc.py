@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from responses_cache.redis_client import CLUSTER, SENTINEL, scheme_of
+from responses_cache.storage.redis_client import CLUSTER, SENTINEL, scheme_of
 
 from .server import stop_process
 

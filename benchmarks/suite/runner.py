@@ -58,8 +58,8 @@ class ServerSpec:
 
 
 def build_app(spec: ServerSpec) -> Any:
-    from responses_cache.app import ServerConfig, create_app
     from responses_cache.backends.simulated import Scenario, SimulatedConfig, SimulatedEngine
+    from responses_cache.edge.app import ServerConfig, create_app
 
     engine = SimulatedEngine(
         SimulatedConfig(
@@ -72,7 +72,7 @@ def build_app(spec: ServerSpec) -> Any:
     )
     store = None
     if spec.store is not None:
-        from responses_cache.redis_store import RedisResponseStore
+        from responses_cache.storage.redis_store import RedisResponseStore
 
         store = RedisResponseStore(spec.store, snapshots=spec.store_snapshots)
     app = create_app(
@@ -164,7 +164,7 @@ class _Debug:
 
 
 def _name(key: tuple[str, tuple[tuple[str, str], ...]]) -> str:
-    """``name{label=value,...}`` for an :class:`~responses_cache.metrics.InMemoryMetrics` key."""
+    """``name{label=value,...}`` for an :class:`~responses_cache.observability.metrics.InMemoryMetrics` key."""
     name, labels = key
     return name + ("{" + ",".join(f"{k}={v}" for k, v in labels) + "}" if labels else "")
 

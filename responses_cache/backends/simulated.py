@@ -31,7 +31,7 @@ first ``tool_calls`` turns after a user message each call the first function too
 ``argument_tokens`` tokens, then one final answer of ``answer_tokens`` tokens.
 
 In both modes, a last user message that is the compaction summary prompt
-(:data:`~responses_cache.compaction.SUMMARY_PROMPT`) gets a deterministic summary: the number of
+(:data:`~responses_cache.conversation.compaction.SUMMARY_PROMPT`) gets a deterministic summary: the number of
 items, the latest user requests (shortened), the start of the previous summary.
 """
 
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from ..compaction import SUMMARY_PROMPT, Compaction
 from ..conversation import Conversation
+from ..conversation.compaction import SUMMARY_PROMPT, Compaction
 from ..protocol.items import (
     CustomToolCall,
     CustomToolCallOutput,

@@ -41,7 +41,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from ..metrics import Metrics
+from ..observability.metrics import Metrics
 from .journal import Durability, MarkEntry, OpenEntry, UsageJournal
 from .record import UsageRecord, encode_record
 from .sinks import BillingSink

@@ -10,13 +10,13 @@ import dataclasses
 import re
 from typing import Any
 
-from ..compaction import history_start, replaces_history
+from ..backends.routing import Route
 from ..conversation import EMPTY, Conversation
+from ..conversation.compaction import history_start, replaces_history
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import CompactionTrigger, Item
 from ..protocol.request import CreateResponse
-from ..routing import Route
-from ..state import ResponseState
+from ..storage.state import ResponseState
 
 _INPUT_INDEX = re.compile(r"input\[(\d+)\]")
 

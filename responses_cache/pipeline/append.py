@@ -16,10 +16,10 @@ import asyncio
 from collections.abc import Sequence
 
 from ..backends.base import BackendError, Finish
+from ..backends.routing import Route
 from ..protocol import events as ev
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import CustomToolCall, FunctionCall, Item, WireItem
-from ..routing import Route
 from .generate import OutputBuilder
 from .hooks import Flag
 from .interrupt import Interrupt

@@ -1,6 +1,6 @@
 """The engine's side of compaction: one ordinary generation that writes the summary.
 
-:func:`summarize` appends :data:`~responses_cache.compaction.SUMMARY_PROMPT` to the conversation
+:func:`summarize` appends :data:`~responses_cache.conversation.compaction.SUMMARY_PROMPT` to the conversation
 (to its token log when it has one: the summary request costs one item's render and reuses the
 engine's prefix cache) and streams the route's backend like any response; the text it writes is
 the summary. It works on every backend: prompt-based engines get the token log, message-based
@@ -22,13 +22,13 @@ from ..backends.base import (
     ReasoningDelta,
     TextDelta,
 )
-from ..compaction import SUMMARY_PROMPT, expand_conversation, expanded
+from ..backends.routing import Route
 from ..conversation import Conversation
+from ..conversation.compaction import SUMMARY_PROMPT, expand_conversation, expanded
 from ..protocol.errors import invalid_request
 from ..protocol.items import Message
 from ..protocol.response import Usage
 from ..protocol.tools import ToolSet
-from ..routing import Route
 from ..tokens.log import TokenLog
 from .closing import close_stream
 

@@ -20,8 +20,8 @@ from ..backends.base import (
     ToolCallDelta,
     ToolCallStart,
 )
-from ..ids import new_id
 from ..protocol import events as ev
+from ..protocol.ids import new_id
 from ..protocol.items import (
     CustomToolCall,
     FunctionCall,

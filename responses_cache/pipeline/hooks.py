@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from ..observability.tracing import NO_TURN, TurnSpan
 from ..protocol.errors import ResponsesError
 from ..protocol.items import Item
-from ..tracing import NO_TURN, TurnSpan
 
 if TYPE_CHECKING:
     from ..conversation import Conversation

@@ -7,9 +7,9 @@ import logging
 import time
 from typing import Any
 
-from ..metrics import Metrics, NullMetrics
+from ..observability.metrics import Metrics, NullMetrics
+from ..observability.tracing import NO_STAGE, StageSpan, TurnSpan, trace_id_of
 from ..protocol.response import Usage
-from ..tracing import NO_STAGE, StageSpan, TurnSpan, trace_id_of
 from .render import RenderedPrompt
 from .turn import Lineage, Turn
 
@@ -84,7 +84,7 @@ def describe(span: TurnSpan, rendered: RenderedPrompt | None, usage: Usage, engi
 
 class TurnLog:
     """A turn's one ``responses_cache.turns`` record (INFO; WARNING when it failed), its fields
-    in ``record.turn`` for :class:`~responses_cache.logs.JsonFormatter`."""
+    in ``record.turn`` for :class:`~responses_cache.observability.logs.JsonFormatter`."""
 
     __slots__ = ("_lineage", "_turn")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..protocol.items import Item
-from ..state import ResponseState
+from ..storage.state import ResponseState
 from .render import text_chars
 
 T = TypeVar("T")

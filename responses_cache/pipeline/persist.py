@@ -7,12 +7,12 @@ import dataclasses
 
 import msgspec
 
+from ..backends.routing import Route
 from ..protocol.codec import encode
 from ..protocol.items import Item
 from ..protocol.response import Response
-from ..routing import Route
-from ..state import ResponseState, open_calls_after
-from ..store import StoredResponse
+from ..storage.state import ResponseState, open_calls_after
+from ..storage.store import StoredResponse
 from ..tokens.log import TokenLog
 from ..tokens.snapshot import delta
 from .admit import Admitted, Continuation

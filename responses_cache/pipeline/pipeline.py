@@ -5,7 +5,7 @@ its journal), the response store and its item index, metrics, the tracer, the en
 tokenizer threads and the settings — and starts one :class:`~.run.TurnRun` per turn, which runs
 the stages (see :mod:`responses_cache.pipeline.run`). It knows nothing about sockets: events go
 out through the ``emit`` callable, and the result is the child
-:class:`~responses_cache.state.ResponseState`.
+:class:`~responses_cache.storage.state.ResponseState`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import os
 import time
 from collections.abc import Callable
 
-from ..compaction import Compaction
-from ..fairness import FairGate
-from ..metrics import Metrics, NullMetrics
+from ..backends.routing import Route
+from ..conversation.compaction import Compaction
+from ..limits.fairness import FairGate
+from ..observability.metrics import Metrics, NullMetrics
+from ..observability.tracing import NO_TRACER, Tracer
 from ..protocol.response import CompactedResponse
-from ..references import ItemIndex
-from ..routing import Route
-from ..state import ResponseState
-from ..store import ResponseStore
-from ..tracing import NO_TRACER, Tracer
+from ..storage.references import ItemIndex
+from ..storage.state import ResponseState
+from ..storage.store import ResponseStore
 from .compact import DEFAULT_SUMMARY_TOKENS
 from .generate import Emit
 from .hooks import HookRunner
@@ -81,7 +81,7 @@ class Pipeline:
         #: Where usage records go (the biller, and its journal when it keeps one).
         self.ledger = Ledger(billing, clock)
         self.metrics = metrics or NullMetrics()
-        #: Spans per turn and stage (:mod:`responses_cache.tracing`; nothing by default).
+        #: Spans per turn and stage (:mod:`responses_cache.observability.tracing`; nothing by default).
         self.tracer = tracer or NO_TRACER
         self.clock = clock
 

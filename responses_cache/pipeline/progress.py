@@ -8,9 +8,9 @@ from typing import Any
 
 from ..backends.base import BackendEvent, EngineUsage, Finish, GenerationRequest
 from ..conversation import Conversation
+from ..observability.tracing import NO_STAGE, StageSpan
 from ..protocol.items import Item
 from ..protocol.response import IncompleteDetails, ResponseErrorInfo
-from ..tracing import NO_STAGE, StageSpan
 from .generate import OutputBuilder
 from .hooks import Flag
 from .observe import EngineClock

@@ -5,7 +5,7 @@ tools), the new items are appended to it — O(new items). Otherwise (no cached 
 instructions/tools) the whole conversation is rendered again, which is always correct.
 
 A compaction item is rendered as the model sees it: its summary as a user message
-(:func:`~responses_cache.compaction.expanded`), one log item for one conversation item.
+(:func:`~responses_cache.conversation.compaction.expanded`), one log item for one conversation item.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..compaction import expand
 from ..conversation import Conversation
+from ..conversation.compaction import expand
 from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import (
     CustomToolCall,
@@ -29,7 +29,7 @@ from ..protocol.items import (
     content_texts,
 )
 from ..protocol.tools import ToolSet
-from ..state import ResponseState
+from ..storage.state import ResponseState
 from ..tokens.base import longest_token_within, max_token_bytes
 from ..tokens.errors import RenderError
 from .truncate import DoesNotFit, truncate

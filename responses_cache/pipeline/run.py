@@ -34,12 +34,13 @@ from ..backends.base import (
     PreflightBackend,
     Prompt,
 )
-from ..compaction import Compaction, expand_conversation, expanded, user_messages
+from ..backends.routing import Route
 from ..conversation import EMPTY, Conversation
-from ..ids import new_id
-from ..listing import wire_item
+from ..conversation.compaction import Compaction, expand_conversation, expanded, user_messages
+from ..observability.tracing import NO_STAGE
 from ..protocol import events as ev
 from ..protocol.errors import ResponsesError, invalid_request
+from ..protocol.ids import new_id
 from ..protocol.items import Item
 from ..protocol.request import client_fields
 from ..protocol.response import (
@@ -51,10 +52,9 @@ from ..protocol.response import (
     Usage,
 )
 from ..protocol.tools import tool_cache
-from ..routing import Route
-from ..state import ResponseState
+from ..storage.listing import wire_item
+from ..storage.state import ResponseState
 from ..tokens.log import TokenLog
-from ..tracing import NO_STAGE
 from .admit import (
     Admitted,
     Continuation,

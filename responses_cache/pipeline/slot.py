@@ -1,4 +1,4 @@
-"""A turn's engine slot (:class:`~responses_cache.fairness.FairGate`) as an async context manager.
+"""A turn's engine slot (:class:`~responses_cache.limits.fairness.FairGate`) as an async context manager.
 
 ``async with SlotLease(gate, tenant, priority) as lease:`` scopes the slot: :meth:`SlotLease.take`
 waits for one (in the tenant's turn; a no-op without a gate), and whatever way the block is left
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 
-from ..fairness import EngineSlot, FairGate
+from ..limits.fairness import EngineSlot, FairGate
 
 
 class SlotLease:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..compaction import expand
+from ..conversation.compaction import expand
 from ..protocol.items import (
     CustomToolCall,
     CustomToolCallOutput,

@@ -10,26 +10,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from ..compaction import Compaction
+from ..conversation.compaction import Compaction
+from ..limits.quotas import Admission
+from ..observability.tracing import NO_TURN, TurnSpan
 from ..protocol.items import Item, Reasoning, WireItem
 from ..protocol.request import CreateResponse
 from ..protocol.response import IncompleteDetails, Response, ResponseErrorInfo, Usage
 from ..protocol.tools import ToolSet
-from ..quotas import Admission
-from ..tracing import NO_TURN, TurnSpan
 from .append import AppendChannel
 from .interrupt import Interrupt
 
 if TYPE_CHECKING:
-    from ..state import ResponseState
+    from ..storage.state import ResponseState
 
 Transport = Literal["http", "websocket"]
 
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """The request part of a turn: built once at the edge (:meth:`ResponsesService.prepare
-    <responses_cache.service.ResponsesService.prepare>`, then the transport's own channels) and
+    """The request part of a turn: built once at the edge (:meth:`Responder.prepare
+    <responses_cache.core.responder.Responder.prepare>`, then the transport's own channels) and
     never changed after. Where it continues from is a :class:`Lineage`; what changes while it runs
     lives on its :class:`~responses_cache.pipeline.run.TurnRun`."""
 
@@ -50,17 +50,17 @@ class Turn:
     #: Set by the WebSocket session for a response that opted in to ``response.append``.
     append: AppendChannel | None = None
     #: Seals each finished reasoning item's text into its ``encrypted_content``
-    #: (``include: ["reasoning.encrypted_content"]``; see :mod:`responses_cache.encrypted_reasoning`).
+    #: (``include: ["reasoning.encrypted_content"]``; see :mod:`responses_cache.conversation.encrypted_reasoning`).
     seal_reasoning: Callable[[Reasoning], Reasoning] | None = None
     #: Seals a summary into a compaction item (``(summary, item id)``; set when the server has a
-    #: sealing key; see :mod:`responses_cache.compaction`).
+    #: sealing key; see :mod:`responses_cache.conversation.compaction`).
     seal_compaction: Callable[[str, str], Compaction] | None = None
     #: The client's W3C trace-context headers (``traceparent``, ``tracestate``), from the edge.
     trace: dict[str, str] = field(default_factory=dict)
     #: ``time.perf_counter()`` when the turn was made: the start of its timings.
     started: float = field(default_factory=time.perf_counter)
     #: The quota admission the turn runs under (released, with the tokens its run billed, when it
-    #: ends; see :meth:`ResponsesService.run <responses_cache.service.ResponsesService.run>`).
+    #: ends; see :meth:`Responder.run <responses_cache.core.responder.Responder.run>`).
     admission: Admission | None = None
 
     def on_connection(self, interrupt: Interrupt | None, append: AppendChannel | None) -> Turn:
@@ -122,8 +122,8 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Lineage:
-    """Where a turn continues from, as :meth:`ResponsesService.parent_of
-    <responses_cache.service.ResponsesService.parent_of>` found it (built once, never changed)."""
+    """Where a turn continues from, as :meth:`Responder.parent_of
+    <responses_cache.core.responder.Responder.parent_of>` found it (built once, never changed)."""
 
     #: The state the turn continues (``None``: a first turn, or one delegated to the backend).
     parent: ResponseState | None

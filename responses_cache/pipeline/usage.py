@@ -11,10 +11,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
+from ..backends.routing import Route
 from ..billing.journal import OpenEntry
 from ..billing.record import UsageRecord
 from ..protocol.response import Usage
-from ..routing import Route
 from .progress import Progress
 from .render import RenderedPrompt
 from .turn import Turn

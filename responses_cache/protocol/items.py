@@ -108,7 +108,7 @@ class CustomToolCallOutput(msgspec.Struct, tag="custom_tool_call_output", frozen
 
 class CompactionItem(msgspec.Struct, tag="compaction", frozen=True, omit_defaults=True):
     """A compaction item as the wire carries it: a summary sealed by the server. The server opens
-    it into :class:`responses_cache.compaction.Compaction` before anything reads it."""
+    it into :class:`responses_cache.conversation.compaction.Compaction` before anything reads it."""
 
     encrypted_content: str
     id: str | None = None

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..engine_events import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
-from ..ids import short_call_id
+from ..protocol.ids import short_call_id
 
 FORMATS = ("hermes", "llama3", "deepseek", "mistral", "plain")
 

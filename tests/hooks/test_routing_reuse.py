@@ -10,7 +10,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 from responses_cache import SimulatedConfig, SimulatedEngine
-from responses_cache.routing import Route, StaticRouter
+from responses_cache.backends.routing import Route, StaticRouter
 from responses_cache.testing import RecordingBackend
 
 

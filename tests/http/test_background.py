@@ -22,7 +22,7 @@ from responses_cache.billing.record import UsageRecord
 from responses_cache.pipeline.turn import Lineage
 from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
-from responses_cache.store import MemoryResponseStore, StoredResponse
+from responses_cache.storage.store import MemoryResponseStore, StoredResponse
 from responses_cache.testing import GatedBackend
 
 MODEL = "gate-1"

@@ -17,10 +17,10 @@ from openai import OpenAI
 from openai.types.responses import CompactedResponse, ResponseCompactionItem, ResponseUsage
 from openai.types.responses.response_input_item import Message as SDKInputMessage
 
-from responses_cache import compaction
-from responses_cache.compaction import SUMMARY_PREFIX, SUMMARY_PROMPT, Compaction
+from responses_cache.conversation import compaction
+from responses_cache.conversation.compaction import SUMMARY_PREFIX, SUMMARY_PROMPT, Compaction
+from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.protocol.items import Message
-from responses_cache.sealing import Sealer, new_key
 from responses_cache.testing import RecordingBackend
 from responses_cache.tokens import BaseRenderer
 

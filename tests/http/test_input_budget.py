@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
-from responses_cache.session import InputBudget
-from responses_cache.websocket import WebSocketMode
+from responses_cache.edge.websocket import WebSocketMode
+from responses_cache.session.session import InputBudget
 
 
 def _budget(app: Any) -> InputBudget:

@@ -15,8 +15,8 @@ import pytest
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.backends.base import BackendEvent, GenerationRequest
-from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig
 from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEYS = {"sk-a": "a", "sk-b": "b"}

@@ -182,7 +182,7 @@ def test_a_second_server_on_the_same_journal_is_refused(tmp_path: Path) -> None:
     args = ("--billing-jsonl", str(tmp_path / "usage.jsonl"), "--billing-journal", str(tmp_path / "j"))
     with _serve(*args):
         second = subprocess.run(
-            [sys.executable, "-m", "responses_cache.cli", "serve", "--port", str(free_port()), *args],
+            [sys.executable, "-m", "responses_cache.server.cli", "serve", "--port", str(free_port()), *args],
             capture_output=True, text=True, timeout=30,
         )
         assert second.returncode == 2

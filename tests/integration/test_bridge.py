@@ -230,7 +230,7 @@ def test_hosted_items_and_unknown_references_reach_the_app_as_sent(responses_cac
 
 def test_the_apps_custom_tool_calls_come_through() -> None:
     from responses_cache.backends.base import ToolCallDelta, ToolCallStart
-    from responses_cache.bridge import _translate
+    from responses_cache.edge.bridge import _translate
 
     added = {"type": "response.output_item.added", "output_index": 0,
              "item": {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch", "input": ""}}

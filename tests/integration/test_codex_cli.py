@@ -32,8 +32,8 @@ def test_codex_exec_runs_a_shell_command_over_websocket(
     too; the others cannot: Mistral Nemo's and Gemma 3's refuse a developer message followed by
     user messages, and the Llama 3, 3.1 and DeepSeek-V3 ones in those packages write no tool
     definitions -- see docs/codex.md.)"""
-    from responses_cache.app import DEFAULT_CONTEXT_WINDOW, default_router
     from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
+    from responses_cache.edge.app import DEFAULT_CONTEXT_WINDOW, default_router
 
     if renderer.startswith("hf:"):
         from tests.tokens.hf_assets import require_real_model

@@ -24,8 +24,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
-from responses_cache.serving import ConnectionLimits, uvicorn_config
-from responses_cache.websocket import WebSocketMode
+from responses_cache.edge.websocket import WebSocketMode
+from responses_cache.server.serving import ConnectionLimits, uvicorn_config
 
 
 def _wait_started(instance: uvicorn.Server, thread: threading.Thread) -> None:

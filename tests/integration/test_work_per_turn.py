@@ -12,8 +12,8 @@ from typing import Any
 from websockets.sync.client import connect
 
 from responses_cache import Scenario, SimulatedConfig, SimulatedEngine, create_app
+from responses_cache.backends.routing import Route, StaticRouter
 from responses_cache.protocol import tools as tools_module
-from responses_cache.routing import Route, StaticRouter
 from responses_cache.tokens import get_renderer
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
@@ -95,7 +95,7 @@ def test_after_a_truncation_turns_append_again(responses_cache_server_factory: A
 
 
 def test_after_a_compaction_turns_append_again(responses_cache_server_factory: Any) -> None:
-    from responses_cache.sealing import Sealer, new_key
+    from responses_cache.conversation.sealing import Sealer, new_key
 
     app, renderer = _scenario_app(sealer=Sealer.from_text(new_key()))
     managed = [{"type": "compaction", "compact_threshold": 2500}]

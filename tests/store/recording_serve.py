@@ -15,7 +15,7 @@ import msgspec
 
 import responses_cache.backends as backends
 from responses_cache.backends.base import BackendEvent, GenerationRequest
-from responses_cache.cli import main
+from responses_cache.server.cli import main
 from responses_cache.testing import RecordingBackend, context_of
 
 

@@ -10,7 +10,7 @@ from openai import OpenAI
 from openai._models import validate_type
 from openai.types.responses import ResponseStreamEvent
 
-from responses_cache.redis_store import RedisResponseStore
+from responses_cache.storage.redis_store import RedisResponseStore
 from responses_cache.testing import GatedBackend
 
 MODEL = "gate-1"

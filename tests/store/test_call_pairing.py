@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from responses_cache import create_app
-from responses_cache.redis_store import RedisResponseStore
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.storage.redis_store import RedisResponseStore
 from responses_cache.testing import RecordingBackend
 
 TOOLS: list[dict[str, Any]] = [

@@ -24,9 +24,9 @@ from websockets.sync.client import connect as ws_connect
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.backends.base import BackendEvent, GenerationRequest
 from responses_cache.billing.record import UsageRecord
-from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
-from responses_cache.redis_quotas import RedisRateLimiter
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
+from responses_cache.limits.redis_quotas import RedisRateLimiter
 from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEYS = {"sk-a": "a"}

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 
 from responses_cache import create_app
-from responses_cache.redis_store import RedisResponseStore
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.storage.redis_store import RedisResponseStore
 from responses_cache.testing import RecordingBackend, context_of
 
 MODEL = "sim-1"

@@ -9,7 +9,7 @@ import httpx
 
 from responses_cache import create_app
 from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
-from responses_cache.redis_store import RedisResponseStore
+from responses_cache.storage.redis_store import RedisResponseStore
 from tests.asgi_turns import conversation, post, renderer_of
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from responses_cache import create_app
 from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
-from responses_cache.redis_store import RedisResponseStore
+from responses_cache.storage.redis_store import RedisResponseStore
 
 MODEL = "sim-1"
 FIVE = [

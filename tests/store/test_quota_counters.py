@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from responses_cache.quotas import Decision, MemoryRateLimiter, Quota
-from responses_cache.redis_quotas import RedisRateLimiter
+from responses_cache.limits.quotas import Decision, MemoryRateLimiter, Quota
+from responses_cache.limits.redis_quotas import RedisRateLimiter
 from responses_cache.testing import LogicalClock
 
 

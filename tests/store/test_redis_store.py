@@ -15,12 +15,12 @@ import redis.asyncio.connection
 
 from benchmarks.suite.redisproc import node_clients
 from responses_cache import create_app
-from responses_cache.ids import new_id, new_response_id
+from responses_cache.protocol.ids import new_id, new_response_id
 from responses_cache.protocol.items import FunctionCall, Message
 from responses_cache.protocol.response import Response, Usage
-from responses_cache.redis_client import redis_client
-from responses_cache.redis_store import RedisResponseStore, StoreUnavailable
-from responses_cache.store import StoredResponse
+from responses_cache.storage.redis_client import redis_client
+from responses_cache.storage.redis_store import RedisResponseStore, StoreUnavailable
+from responses_cache.storage.store import StoredResponse
 from responses_cache.tokens.snapshot import LogDelta, Segment
 
 TOOLS = b'[{"type":"function","name":"f","parameters":{"type":"object"}}]'

@@ -20,11 +20,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from responses_cache.ids import new_response_id
+from responses_cache.protocol.ids import new_response_id
 from responses_cache.protocol.items import Message
 from responses_cache.protocol.response import Response
-from responses_cache.redis_store import RedisResponseStore, StoreUnavailable
-from responses_cache.store import StoredResponse
+from responses_cache.storage.redis_store import RedisResponseStore, StoreUnavailable
+from responses_cache.storage.store import StoredResponse
 
 
 def _certificate(directory: Path, name: str) -> tuple[Path, Path]:

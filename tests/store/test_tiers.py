@@ -13,12 +13,12 @@ import pytest
 from responses_cache import create_app
 from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
 from responses_cache.conversation import EMPTY
-from responses_cache.hot import HotCache, state_bytes
 from responses_cache.protocol.items import Message
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS
-from responses_cache.redis_store import RedisResponseStore
-from responses_cache.state import ResponseState
+from responses_cache.storage.hot import HotCache, state_bytes
+from responses_cache.storage.redis_store import RedisResponseStore
+from responses_cache.storage.state import ResponseState
 from tests.asgi_turns import MODEL, conversation, post, renderer_of
 
 

@@ -30,8 +30,8 @@ from responses_cache.protocol.items import (
 from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, FunctionTool, NamespaceTool, ToolSet
-from responses_cache.session import PendingTurn, Session
-from responses_cache.state import ResponseState
+from responses_cache.session.session import PendingTurn, Session
+from responses_cache.storage.state import ResponseState
 from responses_cache.tokens import HarmonyRenderer
 from responses_cache.tokens.log import TokenLog
 

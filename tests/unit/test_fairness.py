@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from responses_cache.fairness import EngineSlot, FairGate
+from responses_cache.limits.fairness import EngineSlot, FairGate
 
 
 async def _grants(gate: FairGate, waiters: list[tuple[str, int]]) -> list[str]:

@@ -19,7 +19,7 @@ from responses_cache.protocol.items import (
     Message,
 )
 from responses_cache.protocol.request import decode_input
-from responses_cache.references import ItemIndex, resolve_references
+from responses_cache.storage.references import ItemIndex, resolve_references
 from responses_cache.tokens.key import render_key
 
 
@@ -102,7 +102,7 @@ def test_resolution_order_and_errors() -> None:
 
 def test_many_references_cost_one_store_read_per_stored_response() -> None:
     from responses_cache.protocol.response import Response
-    from responses_cache.store import MemoryResponseStore, StoredResponse
+    from responses_cache.storage.store import MemoryResponseStore, StoredResponse
 
     class CountingStore(MemoryResponseStore):
         reads = 0

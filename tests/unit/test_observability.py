@@ -27,8 +27,8 @@ from responses_cache import (
     SimulatedEngine,
     create_app,
 )
-from responses_cache.logs import use_json_logs
-from responses_cache.otel import OpenTelemetryMetrics, OpenTelemetryTracer
+from responses_cache.observability.logs import use_json_logs
+from responses_cache.observability.otel import OpenTelemetryMetrics, OpenTelemetryTracer
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -45,7 +45,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
-from responses_cache.otel import OpenTelemetryTracer, _carrier
+from responses_cache.observability.otel import OpenTelemetryTracer, _carrier
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from responses_cache.quotas import (
+from responses_cache.limits.quotas import (
     MemoryRateLimiter,
     Quota,
     QuotaConfig,

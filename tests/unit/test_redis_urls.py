@@ -1,4 +1,4 @@
-"""``--store`` URLs to Redis clients (:mod:`responses_cache.redis_client`): every form's hosts,
+"""``--store`` URLs to Redis clients (:mod:`responses_cache.storage.redis_client`): every form's hosts,
 credentials, database, TLS and options reach the client, and a URL it cannot use is a clear
 error. (The deployments themselves are exercised in ``tests/store``: one server, a 3-node cluster,
 a Sentinel.)"""
@@ -13,8 +13,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from responses_cache.cli import main
-from responses_cache.redis_client import RedisUrlError, redis_client
+from responses_cache.server.cli import main
+from responses_cache.storage.redis_client import RedisUrlError, redis_client
 
 
 def _kwargs(client: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
-from responses_cache.metrics import InMemoryMetrics
+from responses_cache.observability.metrics import InMemoryMetrics
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.base import longest_token_within, max_token_bytes
 
@@ -29,7 +29,7 @@ def _app(window: int, **options: Any) -> tuple[Any, Any, list[str]]:
             return _original(*args, **kw)
 
         setattr(renderer, name, spy)
-    from responses_cache.routing import Route, StaticRouter
+    from responses_cache.backends.routing import Route, StaticRouter
 
     engine = SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=2))
     route = Route("default", "sim-1", engine, renderer, context_window=window)

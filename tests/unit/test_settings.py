@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import responses_cache
-from responses_cache.cli import input_rate_limits, main
-from responses_cache.input_rate import InputRateLimits
-from responses_cache.settings import ServeSettings, SettingsError, load_settings
+from responses_cache.limits.input_rate import InputRateLimits
+from responses_cache.server.cli import input_rate_limits, main
+from responses_cache.server.settings import ServeSettings, SettingsError, load_settings
 
 
 def test_precedence_file_env_overrides(tmp_path: Path) -> None:
@@ -69,8 +69,8 @@ def test_serve_reports_bad_settings_and_unknown_backends(tmp_path: Path, capsys:
 
 
 def test_store_setting(capsys: pytest.CaptureFixture[str]) -> None:
-    from responses_cache.cli import _store
-    from responses_cache.redis_store import RedisResponseStore
+    from responses_cache.server.cli import _store
+    from responses_cache.storage.redis_store import RedisResponseStore
 
     assert _store(load_settings()) is None  # memory: the app's own in-process store
     env = {"RESPONSES_CACHE_STORE": "redis://127.0.0.1:1/3", "RESPONSES_CACHE_STORE_TTL_S": "60"}
@@ -81,7 +81,7 @@ def test_store_setting(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_billing_settings_reach_the_biller(tmp_path: Path) -> None:
-    from responses_cache.cli import _biller
+    from responses_cache.server.cli import _biller
 
     env = {
         "RESPONSES_CACHE_BILLING_JSONL": str(tmp_path / "usage.jsonl"),
@@ -109,8 +109,8 @@ def test_a_billing_journal_needs_a_sink(tmp_path: Path, capsys: pytest.CaptureFi
 def test_every_session_policy_is_a_setting_with_the_session_default(tmp_path: Path) -> None:
     import dataclasses
 
-    from responses_cache.session import SessionConfig
-    from responses_cache.settings import SESSION_SETTINGS
+    from responses_cache.server.settings import SESSION_SETTINGS
+    from responses_cache.session.session import SessionConfig
 
     session_fields = {f.name for f in dataclasses.fields(SessionConfig)} - {"limit_message"}
     assert set(SESSION_SETTINGS) == session_fields
@@ -158,9 +158,9 @@ def test_every_variable_the_package_reads_is_a_setting_or_known_to_be_another_co
 
 
 def test_quotas_setting_by_key_tenant_and_default(tmp_path: Path) -> None:
-    from responses_cache.auth import tenant_of_key
-    from responses_cache.cli import _quotas
-    from responses_cache.quotas import Quota
+    from responses_cache.core.auth import tenant_of_key
+    from responses_cache.limits.quotas import Quota
+    from responses_cache.server.cli import _quotas
 
     config = tmp_path / "serve.toml"
     config.write_text(

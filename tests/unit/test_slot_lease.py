@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from responses_cache.fairness import FairGate
+from responses_cache.limits.fairness import FairGate
 from responses_cache.pipeline.slot import SlotLease, engine_slot
 
 

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from responses_cache import create_service
-from responses_cache.auth import AllowAll
 from responses_cache.backends.base import BackendEvent, GenerationRequest, TextDelta
+from responses_cache.core.auth import AllowAll
 from responses_cache.pipeline.closing import close_stream
 from responses_cache.pipeline.turn import Lineage
 from responses_cache.protocol import events as ev

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from responses_cache.input_rate import ConnectionInput, InputRate, InputRateLimits
+from responses_cache.limits.input_rate import ConnectionInput, InputRate, InputRateLimits
 from responses_cache.testing import LogicalClock
 
 MIB = 1024 * 1024

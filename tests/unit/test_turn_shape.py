@@ -9,10 +9,10 @@ import msgspec
 import pytest
 
 from responses_cache import SimulatedEngine, create_service
-from responses_cache.auth import AllowAll
+from responses_cache.core.auth import AllowAll
+from responses_cache.core.responder import EdgeContext
 from responses_cache.pipeline.turn import Lineage
 from responses_cache.protocol.request import decode_create
-from responses_cache.service import EdgeContext
 
 
 def test_the_request_part_of_a_turn_is_made_once() -> None:

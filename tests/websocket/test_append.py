@@ -39,7 +39,7 @@ from responses_cache.billing.journal import (
 from responses_cache.pipeline.hooks import HookContext, Phase, Verdict
 from responses_cache.protocol.items import FunctionCallOutput, Item
 from responses_cache.protocol.request import decode_input
-from responses_cache.session import SessionConfig
+from responses_cache.session.session import SessionConfig
 
 MODEL = "rec-1"
 TOOLS = [function_tool()]

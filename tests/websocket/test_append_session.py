@@ -12,7 +12,7 @@ from test_session import create, drained
 
 from responses_cache.pipeline.append import AppendChannel
 from responses_cache.protocol.items import FunctionCallOutput
-from responses_cache.session import PendingTurn, Session, SessionConfig
+from responses_cache.session.session import PendingTurn, Session, SessionConfig
 
 
 def append(response_id: Any, *call_ids: str, **extra: Any) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from test_session import create, state
 
-from responses_cache.budget import CacheBudget
-from responses_cache.metrics import InMemoryMetrics
-from responses_cache.session import Session, SessionConfig
+from responses_cache.observability.metrics import InMemoryMetrics
+from responses_cache.session.budget import CacheBudget
+from responses_cache.session.session import Session, SessionConfig
 
 
 def _session_with(nbytes: int, rid: str) -> Session:

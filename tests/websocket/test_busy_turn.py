@@ -5,7 +5,7 @@ buffered, vLLM's output collector holding a backlog, an in-process queue. Relayi
 ``await`` of the turn completes at once (the read, and a write into free socket buffers), so
 the turn never suspends by itself, and the connection's reader, which takes the client's next
 frame, runs only when the turn yields. The turn yields every
-:data:`~responses_cache.websocket.YIELD_EVERY` frames it writes; without that, a steer sent
+:data:`~responses_cache.edge.websocket.YIELD_EVERY` frames it writes; without that, a steer sent
 mid-burst would be taken only after the whole burst (against a real engine: after the greedy
 target had written all its tokens, with nothing left to abort).
 
@@ -22,10 +22,10 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from responses_cache import create_service
-from responses_cache.app import app_for
-from responses_cache.auth import AllowAll
 from responses_cache.backends.base import BackendEvent, GenerationRequest, TextDelta
-from responses_cache.websocket import YIELD_EVERY, WebSocketMode
+from responses_cache.core.auth import AllowAll
+from responses_cache.edge.app import app_for
+from responses_cache.edge.websocket import YIELD_EVERY, WebSocketMode
 
 SCOPE: dict[str, Any] = {
     "type": "websocket", "path": "/v1/responses", "root_path": "", "headers": [], "query_string": b"",

@@ -32,8 +32,8 @@ from wsclient import (
     ws_connect,
 )
 
-from responses_cache.session import SessionConfig
-from responses_cache.websocket import WebSocketMode
+from responses_cache.edge.websocket import WebSocketMode
+from responses_cache.session.session import SessionConfig
 
 NOT_FOUND = "previous_response_not_found"
 

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 from test_session import create, state
 
-from responses_cache.budget import CacheBudget
-from responses_cache.metrics import InMemoryMetrics
+from responses_cache.observability.metrics import InMemoryMetrics
 from responses_cache.protocol.items import Message
-from responses_cache.session import ConnectionCache, Session
+from responses_cache.session.budget import CacheBudget
+from responses_cache.session.session import ConnectionCache, Session
 
 MSG = Message(role="user", content="hi")
 

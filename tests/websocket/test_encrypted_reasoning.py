@@ -19,7 +19,7 @@ from responses_cache.backends.base import (
     ToolCallDelta,
     ToolCallStart,
 )
-from responses_cache.sealing import Sealer, SealError, new_key
+from responses_cache.conversation.sealing import Sealer, SealError, new_key
 from responses_cache.testing import RecordingBackend, ScriptedBackend, context_of
 
 INCLUDE: list[Any] = ["reasoning.encrypted_content"]

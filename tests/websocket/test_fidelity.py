@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from wsclient import RENDERER, WS, check_stream, function_tool, ws_connect
 
 from responses_cache.protocol.request import decode_input
-from responses_cache.session import SessionConfig
+from responses_cache.session.session import SessionConfig
 
 TOOLS = [function_tool()]
 INSTRUCTIONS = "You are a careful coding agent."

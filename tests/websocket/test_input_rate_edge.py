@@ -19,11 +19,11 @@ from responses_cache import (
     create_app,
     create_service,
 )
-from responses_cache.app import app_for
-from responses_cache.auth import AllowAll, BearerKeys
-from responses_cache.input_rate import InputRate
+from responses_cache.core.auth import AllowAll, BearerKeys
+from responses_cache.edge.app import app_for
+from responses_cache.edge.websocket import WebSocketMode
+from responses_cache.limits.input_rate import InputRate
 from responses_cache.testing import LogicalClock
-from responses_cache.websocket import WebSocketMode
 
 MIB = 1024 * 1024
 SCOPE: dict[str, Any] = {

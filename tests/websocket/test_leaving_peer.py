@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from responses_cache import create_service
-from responses_cache.app import app_for
-from responses_cache.auth import AllowAll
 from responses_cache.backends.base import BackendEvent, GenerationRequest, TextDelta
-from responses_cache.websocket import WebSocketMode
+from responses_cache.core.auth import AllowAll
+from responses_cache.edge.app import app_for
+from responses_cache.edge.websocket import WebSocketMode
 
 SCOPE: dict[str, Any] = {
     "type": "websocket", "path": "/v1/responses", "root_path": "", "headers": [], "query_string": b"",

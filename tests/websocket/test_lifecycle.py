@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from responses_cache.websocket import ConnectionLifecycle, ConnectionState
+from responses_cache.edge.websocket import ConnectionLifecycle, ConnectionState
 
 OPEN, CLOSING, BROKEN = ConnectionState.OPEN, ConnectionState.CLOSING, ConnectionState.BROKEN
 ABORTED, FLUSHING, CLOSED = ConnectionState.ABORTED, ConnectionState.FLUSHING, ConnectionState.CLOSED

@@ -14,10 +14,10 @@ import pytest
 from backends import RecordingBackend, identity
 from wsclient import RENDERER, WS, ws_connect
 
-from responses_cache.compaction import SUMMARY_PREFIX, Compaction, expand, open_items
+from responses_cache.conversation.compaction import SUMMARY_PREFIX, Compaction, expand, open_items
+from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.protocol.items import CompactionItem, HostedItem, Message
 from responses_cache.protocol.request import decode_input
-from responses_cache.sealing import Sealer, new_key
 from responses_cache.tokens import BaseRenderer, get_renderer
 
 pytestmark = pytest.mark.skipif(RENDERER is None, reason="needs the tokens package")

@@ -19,7 +19,7 @@ from wsclient import check_event
 
 from responses_cache import SimulatedConfig, SimulatedEngine
 from responses_cache.backends.base import BackendEvent, GenerationRequest
-from responses_cache.quotas import MemoryRateLimiter, Quota, QuotaConfig
+from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig
 from responses_cache.testing import LogicalClock, RecordingBackend
 
 KEY = "sk-a"

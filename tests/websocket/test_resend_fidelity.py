@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from wsclient import MODEL, RENDERER, WS, function_tool, ws_connect
 
 from responses_cache.protocol.request import decode_input
-from responses_cache.session import SessionConfig
+from responses_cache.session.session import SessionConfig
 from responses_cache.tokens.key import render_key
 
 pytestmark = pytest.mark.skipif(RENDERER is None, reason="needs the bundled harmony vocabulary")

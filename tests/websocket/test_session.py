@@ -23,8 +23,8 @@ from responses_cache.protocol.items import (
 from responses_cache.protocol.request import decode_create
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
-from responses_cache.session import PendingTurn, Session, SessionConfig
-from responses_cache.state import ResponseState
+from responses_cache.session.session import PendingTurn, Session, SessionConfig
+from responses_cache.storage.state import ResponseState
 from responses_cache.tokens.key import reusable_prefix
 
 DOCUMENTED_LIMIT = (
@@ -316,10 +316,10 @@ def test_resolve_hits_each_lanes_latest_only() -> None:
     s.finished(pending(s, stream_id="b", previous_response_id="r2"), state("r3", "b"))
     # two hits (neither superseded), one miss; hits and misses are counted in Metrics by the
     # service (tests/websocket/test_sdk.py, test_resend_fidelity.py), from what resolve returns
-    assert s.resolve(pending(s, previous_response_id="r2")) == (s.cache.latest[None], False)
-    assert s.resolve(pending(s, stream_id="b", previous_response_id="r3")) == (s.cache.latest["b"], False)
-    assert s.resolve(pending(s, stream_id="c", previous_response_id="r1")) is None  # replaced on its lane
-    assert s.resolve(pending(s, stream_id="d")) is None  # nothing wanted
+    assert s.find_cached_parent(pending(s, previous_response_id="r2")) == (s.cache.latest[None], False)
+    assert s.find_cached_parent(pending(s, stream_id="b", previous_response_id="r3")) == (s.cache.latest["b"], False)
+    assert s.find_cached_parent(pending(s, stream_id="c", previous_response_id="r1")) is None  # replaced on its lane
+    assert s.find_cached_parent(pending(s, stream_id="d")) is None  # nothing wanted
 
 
 def test_superseded_responses_stay_findable_for_a_bounded_grace_period() -> None:
@@ -328,9 +328,9 @@ def test_superseded_responses_stay_findable_for_a_bounded_grace_period() -> None
     s = Session("t", SessionConfig(superseded_keep=2, superseded_grace_s=5.0))
     s.finished(pending(s, stream_id="a"), state("r1", "a"), now=100.0)
     s.finished(pending(s, stream_id="a", previous_response_id="r1"), state("r2", "a"), now=101.0)
-    found = s.resolve(pending(s, stream_id="b", previous_response_id="r1"), now=102.0)
+    found = s.find_cached_parent(pending(s, stream_id="b", previous_response_id="r1"), now=102.0)
     assert found is not None and found[0].id == "r1" and found[1] is True  # a grace hit
-    assert s.resolve(pending(s, stream_id="c", previous_response_id="r1"), now=106.0) is None  # expired
+    assert s.find_cached_parent(pending(s, stream_id="c", previous_response_id="r1"), now=106.0) is None  # expired
     # count-bounded: only the last two superseded responses are kept
     for k in range(3, 7):
         s.finished(pending(s, stream_id="a"), state(f"r{k}", "a"), now=110.0)
@@ -373,7 +373,7 @@ def test_cross_lane_fork_failure_keeps_the_shared_parent() -> None:
     s.finished(pending(s, stream_id="b", previous_response_id="r1"), None)
     s.finished(pending(s, stream_id="c", previous_response_id="r1"), state("r2", "c", status="failed"))
     assert s.cache.find("r1") == ("a", s.cache.latest["a"])
-    assert s.resolve(pending(s, stream_id="a", previous_response_id="r1")) is not None
+    assert s.find_cached_parent(pending(s, stream_id="a", previous_response_id="r1")) is not None
 
 
 def test_failures_without_a_cached_parent_change_nothing() -> None:

@@ -16,7 +16,7 @@ from wsclient import RENDERER, WS, check_stream, function_tool, split_responses,
 from responses_cache import Biller
 from responses_cache.billing import CallableSink, UsageRecord
 from responses_cache.protocol.request import decode_input
-from responses_cache.session import SessionConfig
+from responses_cache.session.session import SessionConfig
 
 STEER_ID = re.compile(r"steer_[0-9a-f]{32}")
 LONG = "one two three four five six seven eight nine ten"

@@ -1,4 +1,4 @@
-"""Unit tests of steering in the sans-I/O :class:`Session` (and :mod:`responses_cache.steering`):
+"""Unit tests of steering in the sans-I/O :class:`Session` (and :mod:`responses_cache.session.steering`):
 every code path and event shape, with no socket, task or clock."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wsclient import check_event
 
-from responses_cache.bridge import bridge_service
 from responses_cache.conversation import EMPTY
+from responses_cache.edge.bridge import bridge_service
 from responses_cache.protocol.codec import encode
 from responses_cache.protocol.errors import invalid_request
 from responses_cache.protocol.items import CustomToolCall, FunctionCall, Item, Message
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.response import Response
 from responses_cache.protocol.tools import EMPTY_TOOLS
-from responses_cache.session import PendingTurn, Session, SessionConfig
-from responses_cache.state import ResponseState, open_calls_after
+from responses_cache.session.session import PendingTurn, Session, SessionConfig
+from responses_cache.storage.state import ResponseState, open_calls_after
 
 STEER_ID = re.compile(r"steer_[0-9a-f]{32}")
 SUCCESSOR_FAILED = "We couldn't start the next response. Send this steering input again with response.create."

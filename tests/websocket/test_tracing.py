@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from wsclient import MODEL, RENDERER, TERMINAL, function_tool, ws_connect
 
 from responses_cache import Biller, JsonlSink, create_app
-from responses_cache.otel import OpenTelemetryTracer
+from responses_cache.observability.otel import OpenTelemetryTracer
 from responses_cache.safety import PatternPolicy
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -14,8 +14,8 @@ from websockets.sync.client import connect
 
 from responses_cache import InMemoryMetrics, create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.fake_engines import CEREBRAS_CHAT_FIELDS
 from responses_cache.testing import Behaviour, ChatReply, FakeCerebras
+from responses_cache.testing.fake_engines import CEREBRAS_CHAT_FIELDS
 
 TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command",
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]

@@ -15,7 +15,7 @@ from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.otel import OpenTelemetryTracer
+from responses_cache.observability.otel import OpenTelemetryTracer
 from responses_cache.testing import FakeVllm
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]

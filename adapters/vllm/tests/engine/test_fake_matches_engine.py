@@ -1,4 +1,4 @@
-"""The fake vLLM (``responses_cache.fake_engines.FakeVllm``) against the real one, request for
+"""The fake vLLM (``responses_cache.testing.fake_engines.FakeVllm``) against the real one, request for
 request: every behaviour the adapter tests rely on and a CPU vLLM can show is checked here, so
 the fake cannot drift from the engine it stands in for.
 
@@ -18,7 +18,7 @@ from engine_suite import KEY, MODEL
 
 from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import get_renderer
-from responses_cache.engines import _CONTEXT
+from responses_cache.backends.engines import _CONTEXT
 from responses_cache.testing import FakeVllm
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

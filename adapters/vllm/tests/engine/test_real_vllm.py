@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 
 from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import create_app
-from responses_cache.sealing import Sealer, new_key
+from responses_cache.conversation.sealing import Sealer, new_key
 from tests.websocket.wsclient import check_event
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM

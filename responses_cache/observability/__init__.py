@@ -1,0 +1,3 @@
+"""What operators see: metrics (:mod:`.metrics`), the tracing seam (:mod:`.tracing`) and its
+OpenTelemetry implementation (:mod:`.otel`), structured logs (:mod:`.logs`).
+"""
