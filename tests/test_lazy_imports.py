@@ -4,10 +4,13 @@ Each check runs in a fresh interpreter, since this one has long imported everyth
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
 import pytest
+
+import responses_cache
 
 #: The parts of the package that must import without Starlette or a server.
 CORE = [
@@ -71,3 +74,31 @@ def test_the_whole_core_imports_without_starlette_or_uvicorn() -> None:
 def test_the_root_still_gives_every_public_name() -> None:
     code = "import responses_cache as r; assert all(getattr(r, n) is not None for n in r.__all__); assert set(r.__all__) <= set(dir(r))"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+#: The documented import paths of moved modules, and where the modules are now.
+REEXPORTS = {
+    "engines": "backends.engines",
+    "ids": "protocol.ids",
+    "logs": "observability.logs",
+    "otel": "observability.otel",
+    "quotas": "limits.quotas",
+    "redis_quotas": "limits.redis_quotas",
+    "redis_store": "storage.redis_store",
+    "sealing": "conversation.sealing",
+    "tracing": "observability.tracing",
+}
+
+
+@pytest.mark.parametrize("old", sorted(REEXPORTS))
+def test_documented_paths_re_export_the_moved_modules(old: str) -> None:
+    shim = importlib.import_module(f"responses_cache.{old}")
+    real = importlib.import_module(f"responses_cache.{REEXPORTS[old]}")
+    assert shim.__all__
+    for name in shim.__all__:
+        assert getattr(shim, name) is getattr(real, name)
+
+
+def test_the_turn_runner_is_not_public() -> None:
+    assert "Responder" not in responses_cache.__all__
+    assert not hasattr(responses_cache, "Responder")
