@@ -111,8 +111,8 @@ class _Run:
 class BackgroundRunner:
     """Runs ``background: true`` responses of one process (see the module docstring)."""
 
-    def __init__(self, service: Responder, *, retain: int = 1024, clock: Callable[[], float] = time.time) -> None:
-        self.service = service
+    def __init__(self, responder: Responder, *, retain: int = 1024, clock: Callable[[], float] = time.time) -> None:
+        self.responder = responder
         self.clock = clock
         self._running: dict[tuple[str, str], _Run] = {}
         #: Finished responses whose events are kept for late readers.
@@ -125,7 +125,7 @@ class BackgroundRunner:
 
     @property
     def relay(self) -> EventRelay | None:
-        store = self.service.store
+        store = self.responder.store
         return store if isinstance(store, EventRelay) else None
 
     @property
@@ -168,8 +168,8 @@ class BackgroundRunner:
                 await task
 
     async def _recover(self) -> None:
-        store = self.service.store
-        journal = getattr(self.service.pipeline.billing, "journal", None)
+        store = self.responder.store
+        journal = getattr(self.responder.pipeline.billing, "journal", None)
         entries = getattr(journal, "recovered_entries", ())
         if store is None:
             return
@@ -190,7 +190,7 @@ class BackgroundRunner:
 
     async def submit(self, turn: Turn, lineage: Lineage, route: Route) -> Response:
         """Store the response ``queued`` and start it; the queued Response is returned."""
-        store = self.service.store
+        store = self.responder.store
         if store is None:
             raise invalid_request("Background mode needs a response store.", "background", "unsupported_parameter")
         request = turn.request
@@ -215,7 +215,7 @@ class BackgroundRunner:
         task.add_done_callback(self._relay_tasks.discard)
 
     async def _run(self, run: _Run, turn: Turn, lineage: Lineage, route: Route) -> None:
-        store = self.service.store
+        store = self.responder.store
         assert store is not None
 
         async def emit(event: ev.Event) -> None:
@@ -229,7 +229,7 @@ class BackgroundRunner:
 
         final: StoredResponse | None = None
         try:
-            state = await self.service.run(turn, lineage, route, emit)
+            state = await self.responder.run(turn, lineage, route, emit)
             if state.response.status == "failed":  # the pipeline stores only what did not fail
                 final = dataclasses.replace(run.stored, response=state.response)
         except asyncio.CancelledError:
@@ -259,7 +259,7 @@ class BackgroundRunner:
         key = (run.tenant, run.stored.id)
         self._running.pop(key, None)
         self._finished[key] = run
-        store = self.service.store
+        store = self.responder.store
         if final is not None and store is not None:
             try:
                 await store.put(final)
@@ -319,7 +319,7 @@ class BackgroundRunner:
                 if kind in _TERMINAL:
                     return
             if not got:
-                stored = await self.service.store.get(tenant, response_id) if self.service.store else None
+                stored = await self.responder.store.get(tenant, response_id) if self.responder.store else None
                 if stored is None or stored.response.status not in ACTIVE:
                     # ended (cancelled, or failed before any terminal event): nothing more will come
                     for _number, kind, data in await relay.read_events(tenant, response_id, after, 0.0):
@@ -328,7 +328,7 @@ class BackgroundRunner:
 
     async def cancel(self, tenant: str, response_id: str) -> Response:
         """Cancel a background response; returns it as it ended (``cancelled`` unless it ended first)."""
-        store = self.service.store
+        store = self.responder.store
         stored = await store.get(tenant, response_id) if store is not None else None
         if stored is None:
             raise ResponsesError(
@@ -365,7 +365,7 @@ class BackgroundRunner:
 
     async def _wait_ended(self, tenant: str, response_id: str) -> StoredResponse | None:
         """The stored response once it has ended, polled until :data:`CANCEL_WAIT_S` (``None``)."""
-        store = self.service.store
+        store = self.responder.store
         assert store is not None
         deadline = time.monotonic() + CANCEL_WAIT_S
         pause = 0.01

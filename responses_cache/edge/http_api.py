@@ -54,7 +54,7 @@ def json_response(payload: object, status: int = 200) -> HTTPResponse:
 class HTTPApi:
     def __init__(
         self,
-        service: Responder,
+        responder: Responder,
         authenticator: Authenticator,
         *,
         max_body_bytes: int,
@@ -62,7 +62,7 @@ class HTTPApi:
         background: BackgroundRunner | None = None,
         input_rate: InputRate | None = None,
     ) -> None:
-        self.service = service
+        self.responder = responder
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
         #: The process-wide budget for request bytes held by unfinished requests (shared with
@@ -89,7 +89,7 @@ class HTTPApi:
     def _rate_headers(self, handler: Callable[[Request], Awaitable[HTTPResponse]]) -> Callable[[Request], Awaitable[HTTPResponse]]:
         """``handler`` with the tenant's ``x-ratelimit-*`` headers on its answer: as the request's
         admission left them (a create), else where the tenant stands now (nothing counted)."""
-        quotas = self.service.quotas
+        quotas = self.responder.quotas
         if quotas is None:
             return handler
 
@@ -116,7 +116,7 @@ class HTTPApi:
     async def _admit(self, request: Request, tenant: str) -> Admission:
         """Admit the request under the tenant's quota (429 :class:`QuotaExceeded` otherwise)."""
         try:
-            admission = await self.service.admit(tenant)
+            admission = await self.responder.admit(tenant)
         except QuotaExceeded as exc:
             request.state.rate_limit = exc.decision
             raise
@@ -191,10 +191,10 @@ class HTTPApi:
             if not body.generate:
                 raise invalid_request("The 'generate' parameter is only supported over WebSocket.", "generate", "unsupported_parameter")
             edge = EdgeContext(charge.admission, trace=trace_headers(request.headers))
-            turn = self.service.prepare(body, tenant, "http", edge=edge)
-            route = self.service.router.resolve(turn.model, tenant)
+            turn = self.responder.prepare(body, tenant, "http", edge=edge)
+            route = self.responder.router.resolve(turn.model, tenant)
             del raw
-            lineage = await self.service.parent_of(turn, route)
+            lineage = await self.responder.parent_of(turn, route)
             if body.background:
                 assert self.background is not None
                 queued = await self.background.submit(turn, lineage, route)
@@ -215,7 +215,7 @@ class HTTPApi:
 
         async def run() -> ResponseState:
             try:
-                return await self.service.run(turn, lineage, route, emit)
+                return await self.responder.run(turn, lineage, route, emit)
             finally:
                 await queue.put(_DONE)
 
@@ -238,7 +238,7 @@ class HTTPApi:
         return _EventStream(first, queue, task), task
 
     def _check_background(self, store: bool) -> None:
-        if self.background is None or self.service.delegate_misses is not None:
+        if self.background is None or self.responder.delegate_misses is not None:
             raise invalid_request("Background mode is not supported by this server.", "background", "unsupported_parameter")
         if not store:
             raise invalid_request("Background mode requires 'store' to be true.", "store", "invalid_value")
@@ -286,10 +286,10 @@ class HTTPApi:
             tenant = await self._tenant(request)
             response_id = request.path_params["response_id"]
             await self._stored(tenant, response_id)
-            assert self.service.store is not None
-            if self.service.hot is not None:
-                self.service.hot.evict(tenant, response_id)
-            await self.service.store.delete(tenant, response_id)
+            assert self.responder.store is not None
+            if self.responder.hot is not None:
+                self.responder.hot.evict(tenant, response_id)
+            await self.responder.store.delete(tenant, response_id)
         except ResponsesError as exc:
             return error_response(exc)
         return json_response({"id": response_id, "object": "response", "deleted": True})
@@ -300,7 +300,7 @@ class HTTPApi:
             tenant = await self._tenant(request)
             response_id = request.path_params["response_id"]
             query = listing.parse_query(request.query_params, request.query_params.getlist("include[]") or request.query_params.getlist("include"))
-            store = self.service.store
+            store = self.responder.store
             chain = await store.get_chain(tenant, response_id) if store is not None else None
             if chain is None:  # an earlier link is gone: the response's own input only
                 chain = [await self._stored(tenant, response_id)]
@@ -314,7 +314,7 @@ class HTTPApi:
         try:
             tenant = await self._tenant(request)
             body = decode_count(await self._body(request, charge, tenant))
-            count = await self.service.count_input_tokens(body, tenant)
+            count = await self.responder.count_input_tokens(body, tenant)
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:
@@ -335,7 +335,7 @@ class HTTPApi:
             charge.admission = await self._admit(request, tenant)
             body = decode_create(await self._body(request, charge, tenant))
             admission, charge.admission = charge.admission, None
-            compacted = await self.service.compact(body, tenant, admission)
+            compacted = await self.responder.compact(body, tenant, admission)
         except ResponsesError as exc:
             return error_response(exc)
         except ClientDisconnect:
@@ -350,7 +350,7 @@ class HTTPApi:
         return json_response(compacted)
 
     async def _stored(self, tenant: str, response_id: str) -> StoredResponse:
-        stored = await self.service.store.get(tenant, response_id) if self.service.store else None
+        stored = await self.responder.store.get(tenant, response_id) if self.responder.store else None
         if stored is None:
             raise listing.not_found(response_id)
         return stored
@@ -360,7 +360,7 @@ class HTTPApi:
             await self._tenant(request)
         except ResponsesError as exc:
             return error_response(exc)
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "responses-cache"} for m in self.service.router.models()]
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "responses-cache"} for m in self.responder.router.models()]
         return json_response({"object": "list", "data": data})
 
 
