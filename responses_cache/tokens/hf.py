@@ -79,7 +79,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import tiktoken
 
@@ -100,6 +100,9 @@ from .hf_parsing import detect_format, family_parser, tool_call_prefix
 from .hf_tiktoken import FastEncoder, Refused, byte_decoder, fast_encoder, literals_pattern
 from .log import JOINED, NO_FACTS, LogContext, Node, TokenLog, ancestor, find_call
 from .parsing import OutputParser, opens_think
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 logger = logging.getLogger("responses_cache.tokens")
 
@@ -206,6 +209,51 @@ class _Piece:
     messages: list[dict[str, Any]] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Certificate:
+    """What a turn taken by the window path certified, kept on its last node
+    (:attr:`_Piece.window`, :attr:`_Piece.head_text`, :attr:`_Piece.messages`)."""
+
+    window: tuple[int, int]
+    head_text: str
+    messages: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """One turn's rendering window over the log ending at ``node`` (whose piece is ``tip``): the
+    ``head`` items, then the old items of the ``tail`` nodes (oldest first); ``reused``: the
+    previous turn's certificate (:attr:`_Piece.window`) when the window is that turn's."""
+
+    node: Node
+    tip: _Piece
+    head: tuple[Item, ...]
+    header: _Header
+    tail: list[Node]
+    reused: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _WindowText:
+    """The window's chat ``messages`` with the new items, and the template's text for the window
+    alone (``before``), with the new items (``after``) and with the generation prompt (``prompt``)."""
+
+    messages: list[dict[str, Any]]
+    before: str
+    after: str
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class _LogMatch:
+    """A window's text for the old items found in the log: the head's text as the window renders
+    it, and the end of the log's text (``old_tail``, at least the window's; ``whole``: all of it)."""
+
+    head_text: str
+    old_tail: str
+    whole: bool
+
+
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
@@ -254,6 +302,33 @@ def _decoding_table(name: str, files: ModelFiles, vocab: Mapping[str, int], adde
     )
     _encodings[name] = enc
     return enc
+
+
+def _fast_encoding(files: ModelFiles, tok: Tokenizer, fast_encode: bool | None) -> tuple[FastEncoder | None, str | None]:
+    """The verified tiktoken encoder for template text (:mod:`.hf_tiktoken`), or None and why not
+    (``"disabled"``, or its refusal). ``fast_encode=None`` takes it unless the environment sets
+    ``RESPONSES_CACHE_HF_FAST=0``."""
+    if fast_encode is None:
+        fast_encode = os.environ.get("RESPONSES_CACHE_HF_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
+    if not fast_encode:
+        return None, "disabled"
+    built = fast_encoder(files.tokenizer_json, tok)
+    if isinstance(built, Refused):
+        return None, str(built)
+    return built, None
+
+
+def _end_ids(files: ModelFiles, added: Mapping[str, int]) -> tuple[int | None, tuple[int, ...]]:
+    """The model's EOS id (the template's ``eos_token``, else the family's first end-of-turn
+    token), and every stop id: EOS, ``generation_config.json``'s ``eos_token_id`` and the family's
+    end-of-turn tokens, without duplicates."""
+    stops = [added[t] for t in _END_TOKENS if t in added]
+    eos_token = files.template_tokens.get("eos_token")
+    eos = added.get(eos_token) if eos_token else None
+    if eos is None and stops:
+        eos = stops[0]
+    ids = [i for i in (eos, *files.generation_eos, *stops) if i is not None]
+    return eos, tuple(dict.fromkeys(ids))
 
 
 class HFRenderer:
@@ -305,17 +380,10 @@ class HFRenderer:
         added_pattern = literals_pattern(self._added)
         self._added_re = re.compile(added_pattern)
         self._added_end_re = re.compile(f"(?:{added_pattern})$")
-        if fast_encode is None:
-            fast_encode = os.environ.get("RESPONSES_CACHE_HF_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
-        self._fast: FastEncoder | None = None
+        self._fast: FastEncoder | None
         #: Why template text is encoded with ``tokenizers`` alone (None: the fast path is on).
-        self.fast_refusal: str | None = "disabled" if not fast_encode else None
-        if fast_encode:
-            built = fast_encoder(files.tokenizer_json, self._tok)
-            if isinstance(built, Refused):
-                self.fast_refusal = str(built)
-            else:
-                self._fast = built
+        self.fast_refusal: str | None
+        self._fast, self.fast_refusal = _fast_encoding(files, self._tok, fast_encode)
         #: (the added token the text ends with, generation prompt) -> the prompt's ids: nothing
         #: before an added token merges with what follows it.
         self._gen_cache: dict[tuple[str, str], list[int]] = {}
@@ -329,19 +397,17 @@ class HFRenderer:
         self._encoding = _decoding_table(f"hf-{files.digest}-{files.vocab_size}", files, vocab, self._added)
         self._stats = RenderStats()
         self.format = parser or detect_format(files.chat_template)
-        stops = [self._added[t] for t in _END_TOKENS if t in self._added]
-        eos = files.template_tokens.get("eos_token")
-        self._eos = self._added.get(eos) if eos else None
-        if self._eos is None and stops:
-            self._eos = stops[0]
-        ids = [i for i in (self._eos, *files.generation_eos, *stops) if i is not None]
-        self._stops = tuple(dict.fromkeys(ids))
+        self._eos, self._stops = _end_ids(files, self._added)
         self._template_tokens = dict(files.template_tokens)
         self._gen_prompt = self._typical_generation_prompt()
         #: Whether the template writes a request's tool definitions, and an assistant message's
         #: tool calls (probed at load: a template without them leaves the model blind to tools
         #: or to its own earlier calls, as the engine's chat endpoint would; logged as a warning).
         self.renders_tools, self.renders_calls = self._tool_support()
+        self._warn_without_tools()
+
+    def _warn_without_tools(self) -> None:
+        """Log a warning for what the template does not write (:meth:`_tool_support`)."""
         for renders, what in ((self.renders_tools, "tool definitions"), (self.renders_calls, "assistant tool calls")):
             if not renders:
                 logger.warning(
@@ -738,6 +804,28 @@ class HFRenderer:
         as this turn's window would: its text for the old items is then known (the certificate of
         the previous turn, ``_Piece.window``), and the template runs once, over the window and the
         new items, instead of also over the window alone."""
+        window = self._window(node, items)
+        if window is None:
+            return None
+        messages, new_messages = self._window_messages(window, items)
+        try:
+            before, known = self._window_before(window, messages)
+            after, prompt_text = self._render_pair(new_messages, window.header.tools)
+        except RenderError:
+            return None  # e.g. a template checking alternation by position: render all
+        self._stats.window_renders += 1
+        text = _WindowText(new_messages, before, after, prompt_text)
+        match = self._match_log(window, text, known)
+        if match is None:
+            return None
+        return self._append_window(window, items, sampled, text, match)
+
+    def _window(self, node: Node, items: Sequence[Item]) -> _Window | None:
+        """This turn's window over the log ending at ``node``: the head and the last
+        ``window``-or-more old items from a window start (:meth:`_starts_window`), reaching back
+        as :meth:`_reach` says, or the previous turn's window when it can be reused
+        (:meth:`_reusable`). None when the whole conversation is rendered: before the first user
+        message, when a system or developer message joins, while the conversation is short."""
         assert self.window is not None
         tip = self._piece(node)
         head, header = tip.head, tip.header
@@ -751,100 +839,137 @@ class HFRenderer:
         # since the last user message (Qwen3 drops that reasoning, gpt-oss its analysis): then the
         # window reaches back to that user message, so a rewrite shows inside it.
         to_user = any(isinstance(item, Message) for item in items)
-
-        def starts_window(cur: Node) -> bool:
-            item = self._piece(cur).item
-            return (
-                cur.parent is not None
-                and _starts_group(item, cur.parent.data)
-                and (not to_user or (isinstance(item, Message) and item.role == "user"))
-            )
-
-        # State a template carries from the first message of a kind (DeepSeek-V3's opens its tool
-        # outputs block at the conversation's first tool output only, its calls block at the first
-        # call): the window reaches back to the latest earlier item of each kind the new items
-        # hold (unless the head has it), so the template is in the same state for the new items;
-        # and to the latest system or developer message after the head: a template that takes one
-        # only at the start, or checks the roles' alternation by position (Gemma 3's takes [user,
-        # system] and refuses [user, system, assistant]), refuses the conversation for it, which a
-        # window without it would not show.
-        seen = tip.last_seen or {}
-        kinds = {_kind(i) for i in items} | {"system", "developer"}
-        reach = min((seen[k] for k in kinds if seen.get(k, -1) >= len(head)), default=node.index)
+        reach = self._reach(node, tip, head, items)
         tail: list[Node] = []
         cur: Node | None = node
         while cur is not None and cur.index >= len(head):
             tail.append(cur)
-            if len(tail) >= self.window and cur.index <= reach and starts_window(cur):
+            if len(tail) >= self.window and cur.index <= reach and self._starts_window(cur, to_user):
                 break
             cur = cur.parent
         else:
             return None  # the conversation is still short: render all of it
-        # The previous window, when it reaches at least as far back, is still a window start
-        # under this turn's rule and is not too long: reuse it.
-        reused = tip.window[0] if tip.window is not None else None
-        if reused is not None and reused <= cur.index and node.index - reused < _REUSE * len(tail):
-            extra: list[Node] = []
-            back = cur.parent
-            while back is not None and back.index >= reused:
-                extra.append(back)
-                back = back.parent
-            first = extra[-1] if extra else cur
-            if first.index == reused and starts_window(first):
-                tail += extra
-            else:
-                reused = None
-        else:
-            reused = None
+        extra = self._reusable(node, tip, tail, to_user)
+        if extra is not None:
+            tail += extra
         tail.reverse()
-        tail_items: list[Item] = [self._piece(n).item for n in tail]  # type: ignore[misc]
-        window = [*head, *tail_items]
+        return _Window(node, tip, head, header, tail, tip.window if extra is not None else None)
+
+    @staticmethod
+    def _reach(node: Node, tip: _Piece, head: tuple[Item, ...], items: Sequence[Item]) -> int:
+        """The index a window must reach back to at least (``node``'s when nothing asks more).
+
+        State a template carries from the first message of a kind (DeepSeek-V3's opens its tool
+        outputs block at the conversation's first tool output only, its calls block at the first
+        call): the window reaches back to the latest earlier item of each kind the new items
+        hold (unless the head has it), so the template is in the same state for the new items;
+        and to the latest system or developer message after the head: a template that takes one
+        only at the start, or checks the roles' alternation by position (Gemma 3's takes [user,
+        system] and refuses [user, system, assistant]), refuses the conversation for it, which a
+        window without it would not show."""
+        seen = tip.last_seen or {}
+        kinds = {_kind(i) for i in items} | {"system", "developer"}
+        return min((seen[k] for k in kinds if seen.get(k, -1) >= len(head)), default=node.index)
+
+    def _starts_window(self, node: Node, to_user: bool) -> bool:
+        """Whether a window may start at ``node``: a message-group start (:func:`_starts_group`),
+        and a user message when the new items hold a message (``to_user``)."""
+        item = self._piece(node).item
+        return (
+            node.parent is not None
+            and _starts_group(item, node.parent.data)
+            and (not to_user or (isinstance(item, Message) and item.role == "user"))
+        )
+
+    def _reusable(self, node: Node, tip: _Piece, tail: list[Node], to_user: bool) -> list[Node] | None:
+        """The nodes the previous turn's window adds before ``tail`` (the new window's nodes, from
+        ``node`` back), newest first, when that window reaches at least as far back, is still a
+        window start under this turn's rule and is not too long: then it is reused. None when not."""
+        if tip.window is None:
+            return None
+        reused = tip.window[0]
+        cur = tail[-1]
+        if reused > cur.index or node.index - reused >= _REUSE * len(tail):
+            return None
+        extra: list[Node] = []
+        back = cur.parent
+        while back is not None and back.index >= reused:
+            extra.append(back)
+            back = back.parent
+        first = extra[-1] if extra else cur
+        return extra if first.index == reused and self._starts_window(first, to_user) else None
+
+    def _window_messages(self, window: _Window, items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The chat messages of the window alone (kept from the turn before when it is reused), and
+        with the new items."""
+        node, header = window.node, window.header
 
         def lookup(call_id: str) -> str | None:
             return find_call(node, call_id)
 
-        # The window's messages: kept from the turn before when it is reused.
-        messages = tip.messages if reused is not None else None
+        tail_items: list[Item] = [self._piece(n).item for n in window.tail]  # type: ignore[misc]
+        old_items = [*window.head, *tail_items]
+        messages = window.tip.messages if window.reused is not None else None
         if messages is None:
-            messages = self._messages(header.instructions, window, calls=lookup)
-        if _starts_group(items[0], tip):  # the window's last message is complete: add the new ones
-            new_messages = [*messages, *self._messages(None, items, calls=lookup)]
-        else:
-            new_messages = self._messages(header.instructions, [*window, *items], first_new=len(window), calls=lookup)
-        try:
-            old_tail, whole = "", False
-            if reused is not None and tip.window is not None:
-                old_tail, whole = self._tail_text(node, tip.window[1] + _WINDOWS[0])
-                assert tip.head_text is not None, "a window is certified with the head's text"
-                before = tip.head_text + old_tail[len(old_tail) - tip.window[1] :]
-                assert len(old_tail) >= tip.window[1], "a window's text is part of the log's"
-            else:
-                before = self._render(messages, header.tools, False)
-            after, prompt_text = self._render_pair(new_messages, header.tools)
-        except RenderError:
-            return None  # e.g. a template checking alternation by position: render all
-        self._stats.window_renders += 1
-        head_text = tip.head_text
-        if (head_text is None or not before.startswith(head_text)) and reused is None:
-            head_text = self._head_in_context(node, tail, before)
-        if head_text is None or not before.startswith(head_text) or not after.startswith(before):
+            messages = self._messages(header.instructions, old_items, calls=lookup)
+        if _starts_group(items[0], window.tip):  # the window's last message is complete: add the new ones
+            return messages, [*messages, *self._messages(None, items, calls=lookup)]
+        return messages, self._messages(header.instructions, [*old_items, *items], first_new=len(old_items), calls=lookup)
+
+    def _window_before(self, window: _Window, messages: list[dict[str, Any]]) -> tuple[str, tuple[str, bool] | None]:
+        """The template's text for the window alone: known from the previous turn's certificate
+        when the window is reused (then also the end of the log's text it was read from, and
+        whether that is all of it), else rendered from ``messages``."""
+        if window.reused is None:
+            return self._render(messages, window.header.tools, False), None
+        length = window.reused[1]
+        old_tail, whole = self._tail_text(window.node, length + _WINDOWS[0])
+        assert window.tip.head_text is not None, "a window is certified with the head's text"
+        before = window.tip.head_text + old_tail[len(old_tail) - length :]
+        assert len(old_tail) >= length, "a window's text is part of the log's"
+        return before, (old_tail, whole)
+
+    def _match_log(self, window: _Window, text: _WindowText, known: tuple[str, bool] | None) -> _LogMatch | None:
+        """Certify the window: its text must start with the head's, end with the log's text (what
+        ``known`` holds when the window is reused, else read here) and be only appended to by the
+        new items. None when it is not (counted in ``stats.window_misses`` when the log's text
+        differs)."""
+        before = text.before
+        head_text = window.tip.head_text
+        if (head_text is None or not before.startswith(head_text)) and window.reused is None:
+            head_text = self._head_in_context(window.node, window.tail, before)
+        if head_text is None or not before.startswith(head_text) or not text.after.startswith(before):
             return None
-        recent = before[len(head_text) :]
-        if reused is None:
-            old_tail, whole = self._tail_text(node, len(recent) + _WINDOWS[0])
-            if not old_tail.endswith(recent):
+        if known is None:
+            recent = before[len(head_text) :]
+            known = self._tail_text(window.node, len(recent) + _WINDOWS[0])
+            if not known[0].endswith(recent):
                 self._stats.window_misses += 1
                 return None
-        added = after[len(before) :]
+        return _LogMatch(head_text, *known)
+
+    def _append_window(
+        self, window: _Window, items: Sequence[Item], sampled: Sequence[int] | None, text: _WindowText, match: _LogMatch
+    ) -> TokenLog | None:
+        """The log plus the new items' text, tokenized after the end of the log's text, with this
+        turn's certificate. None when the tokens would merge across that boundary or the
+        generation prompt does not follow it."""
+        added = text.after[len(text.before) :]
+        old_tail, whole = match.old_tail, match.whole
         ids = self._tokens_after(old_tail, added, whole=whole)
         if ids is None:
             return None
-        seg = self._keep_sampled(tip, added, sampled)
-        gen = self._generation(old_tail + added, old_tail + prompt_text[len(before) :], whole=whole) if prompt_text.startswith(before) else None
+        seg = self._keep_sampled(window.tip, added, sampled)
+        gen = (
+            self._generation(old_tail + added, old_tail + text.prompt[len(text.before) :], whole=whole)
+            if text.prompt.startswith(text.before)
+            else None
+        )
         if gen is None or gen[1] is None:
             return None
-        certified = (tail[0].index, len(recent) + len(added))
-        return self._append(node, items, added, array("I", ids) if seg is None else seg, gen, certified, head_text, new_messages)
+        recent = len(text.before) - len(match.head_text)
+        certificate = _Certificate((window.tail[0].index, recent + len(added)), match.head_text, text.messages)
+        return self._append(window.node, items, added, array("I", ids) if seg is None else seg, gen, certificate)
 
     def _head_in_context(self, node: Node, tail: list[Node], before: str) -> str | None:
         """The head's text as the window renders it, when that is not its text alone (Mistral's
@@ -910,18 +1035,16 @@ class HFRenderer:
         text: str,
         seg: array[int],
         gen: tuple[str | None, array[int] | None, array[int] | None],
-        window: tuple[int, int] | None = None,
-        head_text: str | None = None,
-        messages: list[dict[str, Any]] | None = None,
+        certificate: _Certificate | None = None,
     ) -> TokenLog:
         """``node`` plus one turn: the first item's node holds ``seg`` and ``text``, the others are
-        ``JOINED``; the last one holds the generation prompt ``gen`` (and ``window``, certified
-        with ``head_text``, the head's text in the window when it is not the parent's, and the
-        window's ``messages``)."""
+        ``JOINED``; the last one holds the generation prompt ``gen`` (and the window path's
+        ``certificate``: its window, the head's text in the window when it is not the parent's,
+        and the window's messages)."""
         ctx = node.ctx
         parent = self._piece(node)
         header = parent.header
-        head, head_text = parent.head, parent.head_text if head_text is None else head_text
+        head, head_text = parent.head, parent.head_text if certificate is None else certificate.head_text
         if head is None and any(isinstance(i, Message) and i.role == "user" for i in items):
             head, head_text = self._head(node, items, header)
             if not (self._text(node) + text).startswith(head_text):
@@ -935,7 +1058,9 @@ class HFRenderer:
             piece = _Piece(item, text if k == 0 else "", header, head, head_text)
             if k == last:
                 piece.gen_text, piece.gen, piece.whole_prompt = gen
-                piece.window, piece.last_seen, piece.messages = window, seen, messages
+                piece.last_seen = seen
+                if certificate is not None:
+                    piece.window, piece.messages = certificate.window, certificate.messages
             node = Node(node, ctx, seg if k == 0 else array("I"), JOINED if k else 0, NO_FACTS, 0, call_id, target, piece)
         return TokenLog(node)
 

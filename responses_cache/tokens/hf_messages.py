@@ -105,61 +105,97 @@ def chat_messages(
     made before ``items`` (for a window of a longer conversation). ``arguments``: parses a function
     call's arguments (default :func:`parse_arguments`; the objects are put in the messages as they
     are, and nothing here changes them)."""
-    parse = arguments or parse_arguments
-    out: list[dict[str, Any]] = []
-    if instructions:
-        out.append({"role": "system", "content": instructions})
-    names: dict[str, str] = {}
-    current: dict[str, Any] | None = None  # the assistant message being filled
+    builder = _MessageBuilder(instructions, calls, arguments or parse_arguments)
     for i, item in enumerate(items):
-        at = i - first_new
+        builder.add(item, i - first_new)
+    return builder.finish()
+
+
+class _MessageBuilder:
+    """Chat messages built item by item (:func:`chat_messages`): the assistant message being
+    filled by a run of assistant items, and the function name of each call made so far."""
+
+    __slots__ = ("_calls", "_current", "_names", "_out", "_parse")
+
+    def __init__(
+        self,
+        instructions: str | None,
+        calls: Callable[[str], str | None] | None,
+        parse: Callable[[str], dict[str, Any]],
+    ) -> None:
+        self._calls = calls
+        self._parse = parse
+        self._out: list[dict[str, Any]] = []
+        if instructions:
+            self._out.append({"role": "system", "content": instructions})
+        self._names: dict[str, str] = {}
+        self._current: dict[str, Any] | None = None  # the assistant message being filled
+
+    def add(self, item: Item, at: int) -> None:
+        """Add ``item``, the ``at``-th of the current call (for errors)."""
         if isinstance(item, (HostedItem, ItemReference)):
             kind = item.type if isinstance(item, HostedItem) else "item_reference"
             raise UnrenderableItemError(item_index=at, item_type=kind, template="hf")
         if isinstance(item, Reasoning):
-            text = "\n".join(reasoning_texts(item))
-            if not text:
-                continue  # nothing to show (encrypted_content only)
-            if current is None or "content" in current or "tool_calls" in current:
-                current = {"role": "assistant"}
-                out.append(current)
-            previous = current.get("reasoning_content")
-            current["reasoning_content"] = f"{previous}\n{text}" if previous else text
+            self._reasoning(item)
         elif isinstance(item, Message) and item.role == "assistant":
-            text = "".join(item_texts(item.content, at, "content"))
-            if current is None or "content" in current or "tool_calls" in current:
-                current = {"role": "assistant"}
-                out.append(current)
-            current["content"] = text
+            self._answer(item, at)
         elif isinstance(item, (FunctionCall, CustomToolCall)):
-            name = qualified(item.namespace, item.name)
-            names[item.call_id] = name
-            args = parse(item.arguments) if isinstance(item, FunctionCall) else {"input": item.input}
-            if current is None:
-                current = {"role": "assistant"}
-                out.append(current)
-            current.setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            )
+            self._call(item)
         else:
-            current = None
+            self._current = None
             if isinstance(item, Message):
                 role = "user" if item.role == "user" else "system"
-                out.append({"role": role, "content": "\n".join(item_texts(item.content, at, "content"))})
+                self._out.append({"role": role, "content": "\n".join(item_texts(item.content, at, "content"))})
             elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
-                called = names.get(item.call_id)
-                if called is None and calls is not None:
-                    called = calls(item.call_id)
-                if called is None:
-                    raise UnknownCallError(item_index=at, call_id=item.call_id)
-                text = "\n".join(item_texts(item.output, at, "output"))
-                out.append({"role": "tool", "tool_call_id": item.call_id, "name": called, "content": text})
+                self._output(item, at)
             else:  # pragma: no cover - every item type is handled above
                 raise TypeError(f"cannot render item of type {type(item).__name__}")
-    for message in out:
-        if message["role"] == "assistant" and "content" not in message:
-            message["content"] = ""  # vLLM's chat endpoint: an absent content is the empty text
-    return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The messages, every assistant one with a ``content``."""
+        for message in self._out:
+            if message["role"] == "assistant" and "content" not in message:
+                message["content"] = ""  # vLLM's chat endpoint: an absent content is the empty text
+        return self._out
+
+    def _assistant(self, *, after: tuple[str, ...]) -> dict[str, Any]:
+        """The assistant message to fill: the current one, unless there is none or it already
+        holds one of the fields ``after`` (then a new one)."""
+        current = self._current
+        if current is None or any(field in current for field in after):
+            current = self._current = {"role": "assistant"}
+            self._out.append(current)
+        return current
+
+    def _reasoning(self, item: Reasoning) -> None:
+        text = "\n".join(reasoning_texts(item))
+        if not text:
+            return  # nothing to show (encrypted_content only)
+        current = self._assistant(after=("content", "tool_calls"))
+        previous = current.get("reasoning_content")
+        current["reasoning_content"] = f"{previous}\n{text}" if previous else text
+
+    def _answer(self, item: Message, at: int) -> None:
+        text = "".join(item_texts(item.content, at, "content"))
+        self._assistant(after=("content", "tool_calls"))["content"] = text
+
+    def _call(self, item: FunctionCall | CustomToolCall) -> None:
+        name = qualified(item.namespace, item.name)
+        self._names[item.call_id] = name
+        args = self._parse(item.arguments) if isinstance(item, FunctionCall) else {"input": item.input}
+        self._assistant(after=()).setdefault("tool_calls", []).append(
+            {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": args}}
+        )
+
+    def _output(self, item: FunctionCallOutput | CustomToolCallOutput, at: int) -> None:
+        called = self._names.get(item.call_id)
+        if called is None and self._calls is not None:
+            called = self._calls(item.call_id)
+        if called is None:
+            raise UnknownCallError(item_index=at, call_id=item.call_id)
+        text = "\n".join(item_texts(item.output, at, "output"))
+        self._out.append({"role": "tool", "tool_call_id": item.call_id, "name": called, "content": text})
 
 
 def engine_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
