@@ -43,6 +43,7 @@ from ..protocol.errors import ResponsesError, invalid_request
 from ..protocol.items import HostedItem, WireItem
 from ..protocol.response import Response, ResponseErrorInfo
 from ..storage.store import StoredResponse
+from .lifecycle import Drain
 from .responder import Responder
 
 logger = logging.getLogger("responses_cache.background")
@@ -122,6 +123,8 @@ class BackgroundRunner:
         self._closing = False
         #: Background responses marked ``failed`` at start-up (their process died).
         self.recovered = 0
+        #: The service's drain, which waits for the running responses (set by the service).
+        self.drain: Drain | None = None
 
     @property
     def relay(self) -> EventRelay | None:
@@ -202,6 +205,8 @@ class BackgroundRunner:
         self._running[key] = run
         loop = asyncio.get_running_loop()
         run.task = loop.create_task(self._run(run, turn, lineage, route), name=f"background {turn.response_id}")
+        if self.drain is not None:
+            self.drain.track(run.task)
 
         def ended(task: asyncio.Task[None]) -> None:
             if not run.done:  # cancelled before it started: its own ending never ran

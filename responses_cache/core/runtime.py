@@ -5,10 +5,16 @@ it into any ASGI app (``app.add_middleware(WebSocketMode, service=service)``) an
 :meth:`Service.start` and :meth:`Service.aclose` inside that app's lifespan;
 :func:`~responses_cache.create_app` serves it over HTTP too. Outside an ASGI server (scripts,
 tests) use ``async with service: ...``.
+
+A graceful stop is :meth:`Service.drain` then :meth:`Service.aclose`: ``serve`` does both on
+``SIGTERM``; a host app mounting the middleware awaits ``service.drain(deadline_s)`` before its
+server shuts down (docs/deploy.md). :meth:`Service.ready` is what a readiness probe asks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -18,12 +24,13 @@ from ..observability.metrics import Metrics
 from ..session.session import InputBudget, SessionConfig
 from .auth import Authenticator
 from .background import BackgroundRunner
-from .lifecycle import Resources
+from .lifecycle import Drain, Resources
 from .responder import Responder
 
 #: Defaults shared by every entry point (``ServerConfig``, ``serve`` settings, the bridge).
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
+    "DEFAULT_DRAIN_TIMEOUT_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_OUTBOUND_BYTES",
     "DEFAULT_PROCESS_CACHE_BYTES",
@@ -37,6 +44,12 @@ DEFAULT_PROCESS_CACHE_BYTES = 4 * 1024**3
 DEFAULT_PROCESS_INPUT_BYTES = 1024**3
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 DEFAULT_OUTBOUND_BYTES = 1024 * 1024
+#: How long a drain lets running turns finish before it cuts them.
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+#: How long readiness waits for the store's ping.
+_PING_TIMEOUT_S = 2.0
+
+logger = logging.getLogger("responses_cache.lifecycle")
 
 
 @dataclass(eq=False)
@@ -66,6 +79,39 @@ class Service:
     resources: Resources = field(default_factory=lambda: Resources(()))
     #: Runs ``background: true`` responses (HTTP only; ``None``: background mode is refused).
     background: BackgroundRunner | None = None
+    #: The graceful stop: what is admitted, and the work a drain waits for.
+    drainer: Drain = field(default_factory=Drain)
+
+    @property
+    def draining(self) -> bool:
+        """A drain has begun: new connections, turns and background responses are refused."""
+        return self.drainer.draining
+
+    async def ready(self) -> bool:
+        """Whether to send this process traffic: started (engines handshaken, stores and billing
+        open), not draining, and the store answering its ping (where it has one)."""
+        if self.drainer.draining or not self.resources.started:
+            return False
+        ping = getattr(self.core.store, "ping", None)
+        if ping is None:
+            return True
+        try:
+            await asyncio.wait_for(ping(), _PING_TIMEOUT_S)
+        except Exception as exc:
+            logger.warning("not ready: the store did not answer its ping (%r)", exc)
+            return False
+        return True
+
+    async def drain(self, deadline_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> bool:
+        """Stop gracefully, before :meth:`aclose`: readiness goes unready and nothing new is
+        admitted; running turns and background responses finish, WebSocket connections close
+        between turns (1001); at ``deadline_s`` what still runs is cancelled and billed as on a
+        disconnect. ``True`` when everything finished in time. Cancelled (a second signal), it
+        cuts everything at once and re-raises."""
+        finished = await self.drainer.run(deadline_s)
+        if not finished:  # the cut turns unwind (their usage is billed) and their sockets close
+            await self.drainer.settled(self.write_timeout_s)
+        return finished
 
     async def start(self) -> None:
         """Start the owned plugins (billing worker, backend clients, stores). Idempotent: the

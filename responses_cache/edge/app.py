@@ -21,7 +21,7 @@ from ..conversation.compaction import DEFAULT_TTL_S as DEFAULT_COMPACTION_TTL_S
 from ..conversation.sealing import Sealer
 from ..core.auth import AllowAll, Authenticator, BearerKeys
 from ..core.background import BackgroundRunner
-from ..core.lifecycle import Resources
+from ..core.lifecycle import Drain, Resources
 from ..core.responder import Responder
 from ..core.runtime import (
     DEFAULT_CONTEXT_WINDOW,
@@ -195,6 +195,8 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         router, pipeline, store, hot=hot, sealer=cfg.sealer, compaction_ttl_s=cfg.compaction_ttl_s, quotas=quotas
     )
     background = BackgroundRunner(core, retain=cfg.background_retain)
+    drainer = Drain()
+    background.drain = drainer
     return Service(
         core=core,
         background=background,
@@ -212,13 +214,14 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         # tokenizer handshake) may refuse the start-up.
         # The background runner starts last (it reads the opened billing journal and listens on
         # the store) and closes first (its running responses end while the rest still works).
+        drainer=drainer,
         resources=Resources([pipeline, cfg.billing, store if owns_store else None, quotas, *backends, *cfg.hooks, background]),
     )
 
 
 def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:
-    """The reference server: HTTP (JSON and SSE), WebSocket mode, ``GET /v1/models`` and, with
-    :class:`PrometheusMetrics`, ``/metrics``. ``create_app()`` serves the simulated engine;
+    """The reference server: HTTP (JSON and SSE), WebSocket mode, ``GET /v1/models``, the health
+    endpoints ``GET /healthz`` and ``GET /readyz`` and, with :class:`PrometheusMetrics`, ``/metrics``. ``create_app()`` serves the simulated engine;
     keyword options override :class:`ServerConfig` fields (``create_app(api_keys=["sk-1"])``).
     Without ``api_keys`` or an ``authenticator`` every client is let in (development)."""
     cfg = _configured(config, options, "create_app")
@@ -250,14 +253,33 @@ def prometheus_of(metrics: Metrics) -> PrometheusMetrics | None:
     return None
 
 
+def health_routes(service: Service) -> list[HTTPRoute]:
+    """``GET /healthz`` (liveness: the process answers) and ``GET /readyz`` (readiness:
+    :meth:`Service.ready`, 503 while starting, draining or without its store). No key needed;
+    the body says nothing more than the status code (docs/deploy.md)."""
+
+    async def healthz(request: Request) -> HTTPResponse:
+        return HTTPResponse(b'{"status":"ok"}', media_type="application/json", headers=_NO_STORE)
+
+    async def readyz(request: Request) -> HTTPResponse:
+        if await service.ready():
+            return HTTPResponse(b'{"status":"ready"}', media_type="application/json", headers=_NO_STORE)
+        return HTTPResponse(b'{"status":"unready"}', status_code=503, media_type="application/json", headers=_NO_STORE)
+
+    return [HTTPRoute("/healthz", healthz, methods=["GET"]), HTTPRoute("/readyz", readyz, methods=["GET"])]
+
+
+_NO_STORE = {"cache-control": "no-store"}
+
+
 def app_for(service: Service) -> Starlette:
     """A Starlette app serving ``service`` over HTTP and WebSocket mode; the app's lifespan
     starts and closes the service."""
     api = HTTPApi(
         service.core, service.authenticator, max_body_bytes=service.max_message_bytes, input_budget=service.input_budget,
-        background=service.background, input_rate=service.input_rate,
+        background=service.background, input_rate=service.input_rate, drain=service.drainer,
     )
-    routes = api.routes()
+    routes = [*health_routes(service), *api.routes()]
     metrics = service.metrics
     exposition = prometheus_of(metrics)
     if exposition is not None:

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from ..backends.base import BackendError
 from ..core.auth import Authenticator
 from ..core.background import BackgroundRunner, Frame
+from ..core.lifecycle import Drain
 from ..core.responder import EdgeContext, Responder
 from ..limits.input_rate import InputRate
 from ..limits.quotas import Admission, Decision, QuotaExceeded, rate_limit_headers
@@ -28,6 +29,7 @@ from ..protocol.errors import (
     ResponsesError,
     invalid_request,
     server_error,
+    shutting_down,
 )
 from ..protocol.request import decode_count, decode_create
 from ..session.session import InputBudget
@@ -61,6 +63,7 @@ class HTTPApi:
         input_budget: InputBudget | None = None,
         background: BackgroundRunner | None = None,
         input_rate: InputRate | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.responder = responder
         self.authenticator = authenticator
@@ -72,6 +75,13 @@ class HTTPApi:
         self.background = background
         #: Input bytes per second per tenant (shared with WebSocket mode): a body is read no faster.
         self.input_rate = input_rate
+        #: The service's drain: while it runs, creates and compactions get 503; it waits for the
+        #: turns running here and cancels them at its deadline.
+        self.drain = drain
+
+    def _refuse_if_draining(self) -> None:
+        if self.drain is not None and self.drain.draining:
+            raise shutting_down()
 
     def routes(self, prefix: str = "/v1") -> list[HTTPRoute]:
         limited = self._rate_headers
@@ -178,6 +188,7 @@ class HTTPApi:
 
     async def _create(self, request: Request, charge: _Charge) -> tuple[HTTPResponse, asyncio.Future[ResponseState] | None]:
         try:
+            self._refuse_if_draining()
             tenant = await self._tenant(request)
             charge.admission = await self._admit(request, tenant)
             raw = await self._body(request, charge, tenant)
@@ -220,6 +231,8 @@ class HTTPApi:
                 await queue.put(_DONE)
 
         task = asyncio.ensure_future(run())
+        if self.drain is not None:
+            self.drain.track(task)
         if not body.stream:
             try:
                 state = await task
@@ -331,6 +344,7 @@ class HTTPApi:
         user messages and one sealed compaction item); nothing stored."""
         charge = _Charge(self.input_budget)
         try:
+            self._refuse_if_draining()
             tenant = await self._tenant(request)
             charge.admission = await self._admit(request, tenant)
             body = decode_create(await self._body(request, charge, tenant))

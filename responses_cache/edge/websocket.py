@@ -50,6 +50,7 @@ from ..protocol.errors import (
     HTTPErrorBody,
     ResponsesError,
     server_error,
+    shutting_down,
 )
 from ..protocol.ids import new_id
 from ..session.budget import CacheBudget
@@ -154,6 +155,9 @@ class WebSocketMode:
         if tenant is None:
             await _deny(websocket, ResponsesError("Incorrect API key provided.", status=401, code="invalid_api_key"))
             return
+        if self.service.draining:  # the process is going away: the client reconnects elsewhere
+            await _deny(websocket, shutting_down())
+            return
         try:
             await self.service.start()  # no-op once the lifespan has started it (after the key check)
         except Exception:
@@ -172,9 +176,11 @@ class WebSocketMode:
             await websocket.accept()
             connection = _Connection(self, websocket, tenant, send)
             self.connections += 1
+            unwatch = self.service.drainer.watch(connection)  # a drain waits for it to close
             try:
                 await connection.run()
             finally:
+                unwatch()
                 self.connections -= 1
         finally:
             if quotas is not None:
@@ -424,6 +430,19 @@ class _Connection:
                 await asyncio.sleep(0)
             if self.session.close_code is not None:
                 return 1000, False
+
+    def drain_started(self) -> None:
+        """The service drains: refuse new turns, let the running ones end, then close with 1001
+        (:meth:`~responses_cache.session.session.Session.shutdown`), never mid-answer."""
+        self.session.shutdown()
+        task = asyncio.ensure_future(self._pump())  # an idle connection closes now
+        self.turns.add(task)
+        task.add_done_callback(self._forget)
+
+    def drain_expired(self) -> None:
+        """The drain's deadline passed: cancel the running turns (billed, the engine told to
+        stop, as on a disconnect); the connection then closes with 1001."""
+        self._cancel_turns()
 
     def _abort(self) -> None:
         """A stuck peer: stop writing, cancel every turn and the reader; :meth:`run` frees the state."""

@@ -69,6 +69,16 @@ def server_error(message: str = "The server had an error while processing your r
     return ResponsesError(message, status=500, type="server_error", code="server_error")
 
 
+def shutting_down() -> ResponsesError:
+    """503 for a request or upgrade that reaches a draining process: the SDKs retry a 503 (after
+    ``retry-after``), and behind a load balancer the retry reaches another process."""
+    error = ResponsesError(
+        "This server is shutting down; retry the request.", status=503, type="server_error", code="server_shutting_down"
+    )
+    error.headers = {"retry-after": "1", "connection": "close"}
+    return error
+
+
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 

@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  # the server extra is installed
     except ImportError:
         print("responses-cache: serve needs the server extra: pip install 'responses-cache[server]'", file=sys.stderr)
         return 2
 
     from ..edge.app import create_app
-    from .serving import uvicorn_config
+    from ..tokens.errors import VocabularyError
+    from .serving import DrainingServer, uvicorn_config
     from .settings import SettingsError, load_settings
 
     overrides = {name: getattr(args, name, None) for name in _OPTIONS}
@@ -37,21 +38,28 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(file=args.config, env=os.environ, overrides=overrides)
         config = server_config(settings)
-    except (SettingsError, LookupError, TypeError, ValueError, ImportError, OSError) as exc:
+        app = create_app(config)  # the renderer and its model files are loaded here
+    except (SettingsError, LookupError, TypeError, ValueError, ImportError, OSError, VocabularyError) as exc:
+        # One line, no traceback: a setting that cannot work stops the start.
         print(f"responses-cache: {exc}", file=sys.stderr)
         return 2
+    if config.sealer is not None and settings.sealing_key is None:
+        print(
+            "responses-cache: warning: no sealing_key: this process seals with a key of its own, so compaction "
+            "items and encrypted reasoning it hands out do not survive a restart (set RESPONSES_CACHE_SEALING_KEY)",
+            file=sys.stderr, flush=True,
+        )
     if settings.log_json:
         from ..observability.logs import use_json_logs
 
         use_json_logs()  # INFO: the line per turn
-    app = create_app(config)
     host, port = settings.host, settings.port
     print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
     server = uvicorn_config(
         app, host=host, port=port, limits=connection_limits(settings), log_level=settings.log_level,
         ws_max_size=settings.max_body_bytes,
     )
-    uvicorn.Server(server).run()
+    DrainingServer(server, app.state.service, settings.drain_timeout_s).run()
     return 0
 
 
@@ -96,7 +104,7 @@ def server_config(settings: ServeSettings) -> ServerConfig:
         truncation_headroom=settings.truncation_headroom,
         compaction_ttl_s=settings.compaction_ttl_s,
         compaction_max_output_tokens=settings.compaction_max_output_tokens,
-        sealer=_sealer(settings.sealing_key),
+        sealer=_sealer(settings.sealing_key, shared_store=_shares_store(settings)),
         quotas=quotas,
         rate_limiter=_rate_limiter(settings) if quotas is not None else None,
         engine_slots=settings.engine_slots,
@@ -151,11 +159,29 @@ def input_rate_limits(settings: ServeSettings) -> InputRateLimits:
     )
 
 
-def _sealer(key: str | None) -> Any:
-    """The reasoning sealer of the ``sealing_key`` setting (``None`` without one)."""
+def _shares_store(settings: ServeSettings) -> bool:
+    """The ``store`` is a Redis one, shared with other processes."""
+    from ..storage.redis_client import SCHEMES, scheme_of
+
+    return settings.store not in ("", "memory") and scheme_of(settings.store) in SCHEMES
+
+
+def _sealer(key: str | None, *, shared_store: bool = False) -> Any:
+    """The sealer of the ``sealing_key`` setting (compaction items, encrypted reasoning). Without
+    one: refused with a shared store (another process could not open what this one seals), else a
+    key of this process's own (``None`` without the sealing extra: those features stay off)."""
+    from ..conversation.sealing import Sealer, new_key
+
     if key is None:
-        return None
-    from ..conversation.sealing import Sealer
+        if shared_store:
+            raise ValueError(
+                "sealing_key: processes sharing a Redis store need one sealing key between them: set "
+                "RESPONSES_CACHE_SEALING_KEY (32 random bytes in base64) to the same value in every process"
+            )
+        try:
+            return Sealer.from_text(new_key())
+        except ImportError:
+            return None
 
     try:
         return Sealer.from_text(key)
@@ -250,7 +276,7 @@ _OPTIONS = (
     "backend", "host", "port", "instant", "renderer", "log_level", "prometheus", "otel", "log_json",
     "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_journal", "billing_durability",
     "billing_stop_timeout", "billing_flush_interval", "billing_queue_size", "lifetime_s", "store",
-    "hot_cache_bytes", "engine_slots",
+    "hot_cache_bytes", "engine_slots", "drain_timeout_s",
 )
 
 
@@ -303,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--engine-slots", type=int, metavar="N",
         help="generations running at once; waiting turns get freed slots round-robin across tenants",
+    )
+    serve.add_argument(
+        "--drain-timeout-s", type=float, metavar="S",
+        help="on SIGTERM, how long running turns may take to finish before they are cut (default 30)",
     )
     serve.set_defaults(func=_serve)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

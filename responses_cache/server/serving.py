@@ -15,22 +15,31 @@ close:
   as the kernel lets it, even after the server closed its side (an orderly close waits for the
   data to be taken). :func:`linger_abort_protocol` gives it ``linger_s`` to take them and then
   aborts the TCP connection (RST): the socket and its buffers are freed at once.
+
+:class:`DrainingServer` is uvicorn's server with a graceful stop: the first ``SIGTERM`` drains the
+service (docs/deploy.md) before uvicorn shuts down, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
 import socket
 import struct
+from types import FrameType
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..core.runtime import Service
 from .settings import ConnectionLimits
 
-__all__ = ["ConnectionLimits", "uvicorn_config"]
+__all__ = ["ConnectionLimits", "DrainingServer", "uvicorn_config"]
+
+logger = logging.getLogger("responses_cache.serve")
 
 
 def _http_protocol() -> type[H11Protocol]:
@@ -195,7 +204,89 @@ def linger_abort_protocol(linger_s: float, base: type[asyncio.Protocol] | None =
             # through the wrapper.
             self.transport = _AbortiveClose(transport, linger_s, asyncio.get_running_loop())
 
+        def shutdown(self) -> None:
+            # uvicorn's shutdown sends close 1012 on every connection it still holds; on one whose
+            # close handshake has begun (the peer's close frame in, the app's answer not yet out)
+            # the websockets library refuses (InvalidState) and the exception ends ``serve`` with
+            # status 1. Such a connection is closing anyway: let it go.
+            try:
+                super().shutdown()
+            except _invalid_state():
+                self.transport.close()
+
     return LingerAbortProtocol
+
+
+def _invalid_state() -> type[Exception]:
+    try:
+        from websockets.exceptions import InvalidState
+    except ImportError:  # no websockets library: nothing raises it
+        return _NeverRaised
+    return InvalidState
+
+
+class _NeverRaised(Exception):
+    pass
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a graceful stop for ``service``.
+
+    The first ``SIGTERM`` (or ``SIGINT``) starts :meth:`Service.drain` while the server keeps
+    answering: readiness says 503, new work gets 503, running turns finish within ``deadline_s``,
+    WebSocket connections close between turns with 1001. Then uvicorn shuts down as usual (its
+    lifespan closes the service: billing flushed) and ``serve`` exits 0 — uvicorn would re-raise
+    the signal after its shutdown, ending the process by the signal instead. A second signal cuts
+    the drain short (running turns cancelled and billed, the same shutdown); a third forces
+    uvicorn's immediate exit (no lifespan shutdown)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, deadline_s: float) -> None:
+        super().__init__(config)
+        self.service = service
+        self.deadline_s = deadline_s
+        #: Signals received so far.
+        self.signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        loop = self._loop
+        if loop is None or not self.started or self.signals > 2:
+            if self.signals > 2:
+                self.force_exit = True
+            self.should_exit = True
+            return
+        name = signal.Signals(sig).name
+        if self.signals == 1:
+            logger.warning("%s: draining (up to %ss; send it again to stop at once)", name, self.deadline_s)
+            loop.call_soon_threadsafe(self._start_drain)
+        else:
+            logger.warning("%s again: stopping now", name)
+            loop.call_soon_threadsafe(self._cut)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    def _cut(self) -> None:
+        # The drain stops waiting: what runs is cancelled (and billed) now, the connections close
+        # with 1001, and the shutdown follows as soon as they are gone.
+        self.service.drainer.expire()
+        if self._drain_task is None:
+            self.should_exit = True
+
+    async def _drain(self) -> None:
+        try:
+            await self.service.drain(self.deadline_s)
+        except Exception:
+            logger.exception("the drain failed; shutting down")
+        finally:
+            self.should_exit = True
 
 
 def uvicorn_config(

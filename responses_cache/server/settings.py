@@ -19,6 +19,7 @@ import msgspec
 
 from ..core.runtime import (
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_OUTBOUND_BYTES,
     DEFAULT_PROCESS_CACHE_BYTES,
@@ -178,6 +179,9 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Generations running at once in this process; waiting turns get freed slots round-robin
     #: across tenants (unset: no bound here).
     engine_slots: int | None = None
+    #: On ``SIGTERM``: how long running turns and background responses may take to finish before
+    #: they are cut (cancelled and billed); docs/deploy.md. A second signal cuts them at once.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 FIELDS = frozenset(ServeSettings.__struct_fields__)

@@ -170,8 +170,14 @@ class SessionState(Enum):
     #: Past its lifetime: new work is refused (``websocket_connection_limit_reached``); turns
     #: already running finish.
     DRAINING = "draining"
-    #: Past its lifetime and idle: the edge closes the socket (1000).
+    #: Past its lifetime and idle: the edge closes the socket (1000; 1001 when the server drains).
     CLOSING = "closing"
+
+
+#: The close code of a connection the server let go because it drains: RFC 6455's "going away",
+#: one of the codes the SDKs reconnect on (see docs/deploy.md).
+GOING_AWAY = 1001
+_SHUTDOWN_MESSAGE = "This server is shutting down. Create a new websocket connection to continue."
 
 
 @dataclass(slots=True)
@@ -343,6 +349,8 @@ class Session:
         self.in_flight = 0
         self.state = SessionState.OPEN
         self._limit_sent = False
+        #: The server drains (:meth:`shutdown`): the connection closes with 1001, not 1000.
+        self.going_away = False
         self.steering = Steering(self.config.max_pending_steers)
         #: Responses that opted in to ``response.append``, while they run: response id → (lane, channel).
         self._appendable: dict[str, tuple[str | None, AppendChannel]] = {}
@@ -483,6 +491,18 @@ class Session:
                 self._limit_reached()
             self.state = SessionState.CLOSING
 
+    def shutdown(self) -> None:
+        """The server drains: as past the lifetime, new and queued work is refused
+        (``websocket_connection_limit_reached``, which Codex answers by reconnecting and resending)
+        and running turns finish; once idle the connection closes with :data:`GOING_AWAY`, with
+        no error event when nothing was refused."""
+        if self.state is not SessionState.OPEN:
+            return  # past its lifetime already: it closes as it was going to
+        self.going_away = True
+        self._limit_sent = True  # an idle connection gets only the close
+        self.deadline = -float("inf")
+        self.tick(self.deadline)
+
     @property
     def expired(self) -> bool:
         """Past the connection's lifetime: new work is refused."""
@@ -491,7 +511,9 @@ class Session:
     @property
     def close_code(self) -> int | None:
         """The WebSocket close code once the edge should close the socket (``None`` before)."""
-        return 1000 if self.state is SessionState.CLOSING else None
+        if self.state is not SessionState.CLOSING:
+            return None
+        return GOING_AWAY if self.going_away else 1000
 
     # -- turns ------------------------------------------------------------------------------------
 
@@ -717,13 +739,11 @@ class Session:
     def _limit_reached(self, lane: str | None = None) -> None:
         self._limit_sent = True
         minutes = round(self.config.lifetime_s / 60)
+        message = _SHUTDOWN_MESSAGE if self.going_away else self.config.limit_message.format(minutes=minutes)
         self._outbox.append(
             ev.ErrorEvent(
                 status=400,
-                error=ErrorPayload(
-                    "invalid_request_error", "websocket_connection_limit_reached",
-                    self.config.limit_message.format(minutes=minutes), None,
-                ),
+                error=ErrorPayload("invalid_request_error", "websocket_connection_limit_reached", message, None),
                 stream_id=lane,
             )
         )

@@ -208,6 +208,10 @@ class RedisResponseStore:
             chain.append(stored)
         return chain
 
+    async def ping(self) -> None:
+        """One round trip (``PING``), for readiness; raises when Redis does not answer."""
+        await self._client.ping()
+
     async def contains(self, tenant: str, response_id: str) -> bool:
         return bool(await self._call(self._client.exists, self._chain_prefix(tenant, response_id) + response_id))
 

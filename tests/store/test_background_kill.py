@@ -23,7 +23,7 @@ DEADLINE_S = 20
 
 
 def _serve(*args: str) -> ServeProcess:
-    return serve_in_process(*args, env={**os.environ, "RESPONSES_CACHE_BACKEND_OPTIONS": ENGINE}, timeout=DEADLINE_S)
+    return serve_in_process(*args, env={**os.environ, "RESPONSES_CACHE_BACKEND_OPTIONS": ENGINE, "RESPONSES_CACHE_SEALING_KEY": "A" * 43 + "="}, timeout=DEADLINE_S)
 
 
 def _client(server: ServeProcess) -> OpenAI:

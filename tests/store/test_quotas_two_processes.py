@@ -27,7 +27,8 @@ QUOTAS = {
 
 @pytest.fixture
 def ports(tmp_path: Path, redis_url: str) -> Iterator[tuple[int, int]]:
-    env = {**os.environ, "RESPONSES_CACHE_QUOTAS": json.dumps(QUOTAS)}
+    # Processes sharing a store share one sealing key (serve refuses to start without it).
+    env = {**os.environ, "RESPONSES_CACHE_QUOTAS": json.dumps(QUOTAS), "RESPONSES_CACHE_SEALING_KEY": "A" * 43 + "="}
     args = ("--store", redis_url, "--api-key", ALICE, "--api-key", BOB, "--api-key", CAROL, "--instant")
     started = [serve_in_process(*args, env=env, log=tmp_path / f"{name}.log", wait=False) for name in ("a", "b")]
     try:

@@ -8,6 +8,7 @@ tokens). Tenants stay isolated and an expired entry is ``previous_response_not_f
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -54,12 +55,16 @@ class Process:
         return {r["response_id"]: r for r in lines}
 
 
+SEALING_KEY = base64.b64encode(bytes(range(32))).decode()
+
+
 def _start(tmp: Path, name: str, store: str) -> Process:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     record = tmp / f"{name}.jsonl"
-    env = {**os.environ, "RECORD_PATH": str(record)}
+    # Processes sharing a store share one sealing key (serve refuses to start without it).
+    env = {**os.environ, "RECORD_PATH": str(record), "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY}
     log = tmp / f"{name}.log"
     with log.open("wb") as err:  # a file, not a pipe: a chatty server never blocks on it
         proc = subprocess.Popen(
