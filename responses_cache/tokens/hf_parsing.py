@@ -131,6 +131,9 @@ class FamilyParser:
         #: Added tokens that are not tags: dropped from the text.
         self._drop = tuple(sorted((specials - set(self._tags)) | ignored, key=len, reverse=True))
         self._all = self._tags + self._drop
+        #: Any character a tag starts with: a tail without one cannot be the start of a tag.
+        firsts = "".join(sorted({t[0] for t in self._all if t}))
+        self._firsts = re.compile(f"[{re.escape(firsts)}]") if firsts else None
         self._pending = ""
         self._mode = "think" if in_think else "text"  # "text" | "think" | "call"
         self._call = ""
@@ -146,7 +149,9 @@ class FamilyParser:
         while buffer:
             found = [(buffer.find(t), -len(t), t) for t in self._all if t in buffer]
             if not found:
-                hold = max((k for k in range(1, min(len(buffer), 24) + 1) if any(t.startswith(buffer[-k:]) for t in self._all)), default=0)
+                hold = 0
+                if self._firsts is not None and self._firsts.search(buffer, max(len(buffer) - 24, 0)):
+                    hold = max((k for k in range(1, min(len(buffer), 24) + 1) if any(t.startswith(buffer[-k:]) for t in self._all)), default=0)
                 emit, self._pending = (buffer[:-hold], buffer[-hold:]) if hold else (buffer, "")
                 yield from self._emit(emit)
                 return

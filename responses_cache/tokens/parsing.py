@@ -145,7 +145,9 @@ class ChatMLParser:
             positions = [(buffer.find(tag), tag) for tag in self._TAGS if buffer.find(tag) != -1]
             if not positions:
                 # Hold back a tail that could be the start of a tag.
-                hold = max((k for k in range(1, 13) if any(t.startswith(buffer[-k:]) for t in self._TAGS)), default=0)
+                hold = 0
+                if "<" in buffer[-12:]:  # every tag starts with "<": no tail can begin one otherwise
+                    hold = max((k for k in range(1, 13) if any(t.startswith(buffer[-k:]) for t in self._TAGS)), default=0)
                 emit, self._pending = (buffer[:-hold], buffer[-hold:]) if hold else (buffer, "")
                 yield from self._emit(emit)
                 return
