@@ -505,7 +505,7 @@ class _Connection:
         self._cancelled.discard(task)
 
     async def _send(self, event: ev.Event) -> None:
-        if not self.lifecycle.accepting:
+        if self.lifecycle.state is not ConnectionState.OPEN:  # not accepting (per event: no property call)
             await asyncio.sleep(0)  # the peer is gone: let the cancellation reach this turn
             return
         data = encode(event)

@@ -245,10 +245,12 @@ class EngineRound:
         return None, self.states, self.finish
 
     async def _pump(self) -> Flag | None:
-        out, interrupt = self._out, self._interrupt
+        out, interrupt, events = self._out, self._interrupt, self._events
         while True:
             try:
-                event = await self._next()
+                # Per token: the plain stream's next event without a call of our own once no
+                # hooks race it.
+                event = await (events.__anext__() if self._watcher is None else self._next())
             except StopAsyncIteration:
                 return None
             if isinstance(event, Flag):
@@ -263,14 +265,14 @@ class EngineRound:
                 interrupt.taken = True
                 return None  # closing the stream aborts the engine's request
             await out.feed(event)
-            self._journal()
+            if self._mark is not None:
+                self._journal()
 
     async def _next(self) -> BackendEvent | Flag:
-        """The next event, or the hooks' flag when one came first (hooks that finish without one
-        leave the stream to go on alone)."""
+        """While hooks still run: the next event, or the hooks' flag when one came first (hooks
+        that finish without one leave the stream to go on alone)."""
         watcher = self._watcher
-        if watcher is None:
-            return await self._events.__anext__()
+        assert watcher is not None
         self._step = step = asyncio.ensure_future(self._events.__anext__())
         await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if watcher.done():
@@ -283,8 +285,7 @@ class EngineRound:
         return event
 
     def _journal(self) -> None:
-        if self._mark is None:
-            return
+        assert self._mark is not None
         mark, every = self._mark
         out, (items, tokens) = self._out, self._marked
         if len(out.output) != items or out.output_tokens - tokens >= every:

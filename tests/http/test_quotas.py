@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
-from responses_cache.backends.base import BackendEvent, GenerationRequest
 from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig
-from responses_cache.testing import LogicalClock, RecordingBackend
+from responses_cache.testing import LogicalClock
+from tests.held_backend import HeldBackend
 
 KEYS = {"sk-a": "a", "sk-b": "b"}
 A = {"authorization": "Bearer sk-a"}
@@ -26,21 +26,6 @@ RATE_HEADERS = (
     "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
     "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
 )
-
-
-
-class HeldBackend(RecordingBackend):
-    """Each generation waits until the test lets one go (``go.release()``)."""
-
-    def __init__(self) -> None:
-        super().__init__(SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=3)))
-        self.go = asyncio.Semaphore(0)
-
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        self.requests.append(request)
-        await self.go.acquire()
-        async for event in self.inner.generate(request):
-            yield event
 
 
 def _app(quota: Quota, clock: LogicalClock, **options: Any) -> Any:

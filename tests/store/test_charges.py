@@ -28,24 +28,11 @@ from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
 from responses_cache.limits.redis_quotas import RedisRateLimiter
 from responses_cache.testing import LogicalClock, RecordingBackend
+from tests.held_backend import HeldBackend
 
 KEYS = {"sk-a": "a"}
 A = {"authorization": "Bearer sk-a"}
 TPM = 100_000
-
-
-class HeldBackend(RecordingBackend):
-    """Each generation waits until the test lets one go (``go.release()``)."""
-
-    def __init__(self) -> None:
-        super().__init__(SimulatedEngine(SimulatedConfig(instant=True, answer_tokens=3)))
-        self.go = asyncio.Semaphore(0)
-
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        self.requests.append(request)
-        await self.go.acquire()
-        async for event in self.inner.generate(request):
-            yield event
 
 
 class Records:
