@@ -331,7 +331,7 @@ class _Connection:
         self.mode = mode
         self.ws = websocket
         self._asgi_send = send
-        self.service = mode.service.core
+        self.responder = mode.service.core
         self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
         rate = mode.service.input_rate
         #: This connection's input rate budget (``None``: unlimited).
@@ -340,7 +340,7 @@ class _Connection:
         self.credentials = {k: v for k, v in websocket.headers.items() if k == "authorization"}
         #: The upgrade's W3C trace context: every turn on the connection continues that trace.
         self.trace = trace_headers(websocket.headers)
-        self.routes = RouteCache(self.service.router, tenant)
+        self.routes = RouteCache(self.responder.router, tenant)
         self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=mode.outbound_queue)
         #: Held while a frame is being written. With nothing queued, a turn writes its event
         #: itself (no hop through the writer task); otherwise the writer keeps the order.
@@ -600,25 +600,25 @@ class _Connection:
                 await self._pump()
 
     async def _run(self, pending: PendingTurn) -> ResponseState:
-        service, session = self.service, self.session
-        admission = await service.admit(session.tenant)  # 429 rate_limit_exceeded: an error event
+        responder, session = self.responder, self.session
+        admission = await responder.admit(session.tenant)  # 429 rate_limit_exceeded: an error event
         try:
             return await self._run_admitted(pending, admission)
         finally:
             admission.release()  # a turn that ran has released it already, with its usage
 
     async def _run_admitted(self, pending: PendingTurn, admission: Admission) -> ResponseState:
-        service, session = self.service, self.session
+        responder, session = self.responder, self.session
         edge = EdgeContext(admission, self.credentials, self.trace)
-        turn = service.prepare(pending.request, session.tenant, "websocket", pending.lane, edge=edge)
+        turn = responder.prepare(pending.request, session.tenant, "websocket", pending.lane, edge=edge)
         turn = turn.on_connection(
-            session.activate(pending, turn.response_id, service.supports_steering), session.appendable(pending)
+            session.activate(pending, turn.response_id, responder.supports_steering), session.appendable(pending)
         )
         if pending.size >= _LARGE_FRAME:
             await asyncio.sleep(0)  # decoding took a while: let other connections run in between
         route = self.routes.get(turn.model)
-        lineage = await service.parent_of(turn, route, session.turn_cache(pending, time.monotonic()))
-        state = await service.run(turn, lineage, route, self._send)
+        lineage = await responder.parent_of(turn, route, session.turn_cache(pending, time.monotonic()))
+        state = await responder.run(turn, lineage, route, self._send)
         if state.response.status != "failed":
             # What this turn added becomes referenceable on the connection (``item_reference``).
             session.items.add(session.tenant, (*lineage.items, *state.response.output))
