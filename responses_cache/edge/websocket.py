@@ -276,6 +276,10 @@ _TRANSITIONS: dict[_Transition, dict[ConnectionState, ConnectionState]] = {
 }
 
 
+#: The states in which what is queued may still be written (:attr:`ConnectionLifecycle.writable`).
+_WRITABLE = frozenset({ConnectionState.OPEN, ConnectionState.FLUSHING})
+
+
 class ConnectionLifecycle:
     """A connection's :class:`ConnectionState` and its transitions, sans I/O: the connection's
     tasks ask it what they may do, and tell it what happened."""
@@ -293,7 +297,7 @@ class ConnectionLifecycle:
     @property
     def writable(self) -> bool:
         """What is queued may still be written to the socket."""
-        return self.state in (ConnectionState.OPEN, ConnectionState.FLUSHING)
+        return self.state in _WRITABLE
 
     @property
     def stopped(self) -> bool:
@@ -529,7 +533,7 @@ class _Connection:
         await self.outbound.put(data)
 
     async def _write(self, data: bytes) -> None:
-        if not self.lifecycle.writable:
+        if self.lifecycle.state not in _WRITABLE:  # per event: no property call
             return
         self._write_started = time.monotonic()  # the watchdog aborts a write that never returns
         try:

@@ -248,13 +248,15 @@ class EngineRound:
         out, interrupt, events = self._out, self._interrupt, self._events
         while True:
             try:
-                # Per token: the plain stream's next event without a call of our own once no
-                # hooks race it.
-                event = await (events.__anext__() if self._watcher is None else self._next())
+                if self._watcher is None:  # per token: the plain stream, no call or check of ours
+                    event = await events.__anext__()
+                else:
+                    raced = await self._next()
+                    if isinstance(raced, Flag):
+                        return raced
+                    event = raced
             except StopAsyncIteration:
                 return None
-            if isinstance(event, Flag):
-                return event
             if self._on_first is not None:
                 self._on_first()
                 self._on_first = None
