@@ -224,6 +224,18 @@ class LlamaServer:
         """``/slots``: each slot's id, whether it is processing, its cached prompt."""
         return list(self.get("/slots"))
 
+    def cancelled(self) -> int:
+        """How many tasks the server cancelled (its log's ``cancel task``: a client that left)."""
+        return sum("cancel task" in line for line in self.log.read_text(errors="replace").splitlines())
+
+    def released(self, slot: int) -> list[int]:
+        """The slot's releases so far, each as the tokens it held then (prompt and generated)."""
+        found = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if f"release: id {slot:2d} |" in line and "n_tokens = " in line:
+                found.append(int(line.split("n_tokens = ")[1].split(",")[0]))
+        return found
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 

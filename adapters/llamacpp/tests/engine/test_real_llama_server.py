@@ -152,20 +152,21 @@ def test_a_client_leaving_mid_answer_frees_the_slot(
     recorder = Recorder()
     server = _server(qwen, responses_cache_server_factory, recorder,
                      extra_body={"logit_bias": [[t, False] for t in stops]})
+    cancelled = qwen.server.cancelled()
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
         ws.send(json.dumps({"type": "response.create", "model": qwen.name, "input": "Go on forever.",
                             "temperature": 0, "max_output_tokens": 3000}))
         while (event := json.loads(ws.recv(timeout=60)))["type"] != "response.output_text.delta":
             check_event(event)
         slot = recorder.bodies[-1]["id_slot"]
-    # The server cancelled the task when the stream closed: the slot is idle, its answer cut short.
-    wait(lambda: not qwen.server.slot_states()[slot]["is_processing"], "the slot to be freed", qwen.server)
-    assert _decoded(qwen, slot) < 3000, qwen.server.slot_states()[slot]
-
-
-def _decoded(family: Family, slot: int) -> int:
-    state = family.server.slot_states()[slot]
-    return int(state.get("next_token", [{}])[0].get("n_decoded", state.get("n_decoded", 0)))
+        released = len(qwen.server.released(slot))
+    # Closing the engine stream cancelled the server's task: the slot was released with its answer
+    # cut short (the prompt and far fewer than 3,000 tokens), and is idle.
+    wait(lambda: qwen.server.cancelled() > cancelled and len(qwen.server.released(slot)) > released,
+         "the server to cancel the task and release the slot", qwen.server)
+    held = qwen.server.released(slot)[-1]
+    assert held < len(recorder.prompts[-1]) + 3000, held
+    assert not qwen.server.slot_states()[slot]["is_processing"]
 
 
 def test_the_tokenizer_handshake_passes_and_another_familys_refuses(llama_servers: dict[str, Family]) -> None:
@@ -175,4 +176,31 @@ def test_the_tokenizer_handshake_passes_and_another_familys_refuses(llama_server
         if other is not None:
             with pytest.raises(HandshakeError, match="tokenizes differently"):
                 asyncio.run(family.backend(template=other.renderer).start())
+
+
+
+def test_a_server_killed_mid_stream_fails_the_response_and_the_next_turn_works_once_it_is_back(
+    qwen: Family, responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    stops = qwen.renderer.sampling_stop_tokens
+    server = _server(qwen, responses_cache_server_factory, extra_body={"logit_bias": [[t, False] for t in stops]})
+    with sdk(server.http_url) as client, client.responses.connect() as conn:
+        # Stored: a failed turn evicts its predecessor from the connection's cache (WebSocket
+        # mode), and the next turn (stored too) continues it from the store.
+        first = turn(conn, model=qwen.name, input="Hello there.", temperature=0, max_output_tokens=4, store=True)
+        conn.response.create(model=qwen.name, store=True, input="Go on forever.", previous_response_id=first["id"],
+                             temperature=0, max_output_tokens=3000)
+        while (event := json.loads(conn.recv_bytes()))["type"] != "response.output_text.delta":
+            check_event(event)
+        qwen.server.kill()
+        while (event := json.loads(conn.recv_bytes()))["type"] not in ("response.failed", "response.completed"):
+            check_event(event)
+        check_event(event)
+        assert event["type"] == "response.failed", event
+        assert event["response"]["error"]["code"] == "server_error", event
+        qwen.server.start()  # the same port: back in service, its slots empty
+        again = turn(conn, model=qwen.name, input="Are you still there?", previous_response_id=first["id"],
+                     temperature=0, max_output_tokens=4, store=True)
+        assert again["status"] in ("completed", "incomplete"), again
+        assert again["usage"]["input_tokens"] > first["usage"]["input_tokens"]
 
