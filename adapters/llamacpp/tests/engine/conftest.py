@@ -52,20 +52,24 @@ def llama_models(llama_build: llamaproc.Build) -> dict[str, tuple[pathlib.Path, 
 def llama_servers(
     llama_build: llamaproc.Build, llama_models: dict[str, tuple[pathlib.Path, pathlib.Path]]
 ) -> Iterator[dict[str, Family]]:
-    servers = {f: llamaproc.LlamaServer(llama_build, gguf, alias=f, slots=2, context=4096)
+    # --no-prefill-assistant: /apply-template (the oracle) then renders a conversation that ends
+    # with an assistant message and the generation prompt, as a prompt for a new answer (by default
+    # it would leave that message open, for the model to continue it). /completion is unaffected.
+    servers = {f: llamaproc.LlamaServer(llama_build, gguf, alias=f, slots=2, context=4096,
+                                        extra_args=["--no-prefill-assistant"])
                for f, (_, gguf) in llama_models.items()}
     try:
         for server in servers.values():
             server.launch()
         for server in servers.values():
             server.wait_ready()
-        yield {f: Family(f, llama_models[f][0], servers[f]) for f in servers}
+        yield {f: Family(f, *llama_models[f], servers[f]) for f in servers}
     finally:
         for server in servers.values():
             server.close()
 
 
-@pytest.fixture(params=list(FAMILIES))
+@pytest.fixture(scope="session", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest, llama_servers: dict[str, Family]) -> Family:
     name = str(request.param)
     if name not in llama_servers:

@@ -27,15 +27,27 @@ FAMILIES = {"qwen3-real": "Qwen2ForCausalLM", "deepseek-v4": "LlamaForCausalLM"}
 
 
 class Family:
-    """One family's ``llama-server``, the Hugging Face directory its GGUF was made from, and the
-    renderer of that directory."""
+    """One family's ``llama-server``, its GGUF, the Hugging Face directory the GGUF was made from,
+    and a renderer of each: ``gguf:<file>`` (the GGUF's own tokenizer and template, what a user
+    of llama.cpp has) and ``hf:<directory>`` (the original files). Loaded on first use (seconds)."""
 
-    def __init__(self, name: str, directory: pathlib.Path, server: LlamaServer) -> None:
-        self.name, self.directory, self.server = name, directory, server
-        self.template = f"hf:{directory}"
-        renderer = get_renderer(self.template)
-        assert isinstance(renderer, HFRenderer)
-        self.renderer = renderer
+    def __init__(self, name: str, directory: pathlib.Path, gguf: pathlib.Path, server: LlamaServer) -> None:
+        self.name, self.directory, self.gguf, self.server = name, directory, gguf, server
+        self._renderers: dict[str, HFRenderer] = {}
+
+    def template(self, source: str = "gguf") -> str:
+        return f"gguf:{self.gguf}" if source == "gguf" else f"hf:{self.directory}"
+
+    def renderer_of(self, source: str = "gguf") -> HFRenderer:
+        if source not in self._renderers:
+            renderer = get_renderer(self.template(source))
+            assert isinstance(renderer, HFRenderer)
+            self._renderers[source] = renderer
+        return self._renderers[source]
+
+    @property
+    def renderer(self) -> HFRenderer:
+        return self.renderer_of("gguf")
 
     def rendering(self, instructions: str | None, tools: ToolSet, items: Sequence[Item]) -> list[int]:
         """The server's own prompt for the conversation: its ``/apply-template`` (the GGUF's chat

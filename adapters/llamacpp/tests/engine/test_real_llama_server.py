@@ -13,12 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from llama_suite import KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
 from responses_cache_llamacpp import HandshakeError
 
 from responses_cache import Route, StaticRouter, create_app
 from responses_cache.protocol.request import decode_input
-from responses_cache.protocol.tools import parse_tools
+from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
+from tests.tokens._strategies import examples, instructions, items_, tool_sets
 from tests.websocket.wsclient import check_event
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]  # the first one builds llama-server
@@ -30,19 +33,24 @@ WEATHER = [{
 }]
 
 
-def _server(family: Family, factory: Callable[..., Any], recorder: Recorder | None = None, **options: Any) -> Any:
+def _server(family: Family, factory: Callable[..., Any], recorder: Recorder | None = None, source: str = "gguf",
+            **options: Any) -> Any:
     """``responses-cache`` in front of the family's server, with the family's renderer (the
     object the suite built once: loading it costs seconds; the handshake runs on first use)."""
     backend = family.backend(transport=recorder, **options)
-    route = Route(name="default", model=family.name, backend=backend, renderer=family.renderer)
+    route = Route(name="default", model=family.name, backend=backend, renderer=family.renderer_of(source))
     return factory(create_app(backend=backend, router=StaticRouter({family.name: route}, default=route), api_keys=[KEY]))
 
 
+@pytest.mark.parametrize("source", ["gguf", "hf"])
 def test_an_sdk_tool_loop_sends_the_servers_own_rendering_and_hits_its_prefix_cache(
-    family: Family, responses_cache_server_factory: Callable[..., Any]
+    family: Family, source: str, responses_cache_server_factory: Callable[..., Any]
 ) -> None:
+    # The renderer made from the GGUF (gguf:<file>), and the one of the files it was made from
+    # (hf:<dir>): both send exactly what llama-server renders and tokenizes for the messages.
     recorder = Recorder()
-    server = _server(family, responses_cache_server_factory, recorder)
+    renderer = family.renderer_of(source)
+    server = _server(family, responses_cache_server_factory, recorder, source)
     instructions = "You are a weather assistant. Answer in one line."
     tools = parse_tools(json.dumps(WEATHER).encode())
     # What the client sends each turn: a tool loop (calls, outputs, reasoning), then a new question.
@@ -77,7 +85,7 @@ def test_an_sdk_tool_loop_sends_the_servers_own_rendering_and_hits_its_prefix_ca
             # The prompt sent is the server's own rendering of the conversation so far.
             expected = family.rendering(instructions, tools, items)
             assert recorder.prompts[n] == expected, (
-                family.name, n, family.renderer.decode(recorder.prompts[n]), family.renderer.decode(expected))
+                family.name, n, renderer.decode(recorder.prompts[n]), renderer.decode(expected))
             conversation += [as_input(item) for item in response["output"]]
             responses.append(response)
     bodies = recorder.bodies
@@ -176,6 +184,27 @@ def test_the_tokenizer_handshake_passes_and_another_familys_refuses(llama_server
         if other is not None:
             with pytest.raises(HandshakeError, match="tokenizes differently"):
                 asyncio.run(family.backend(template=other.renderer).start())
+
+
+@settings(deadline=None, max_examples=examples(15), database=None)
+@given(data=st.data())
+def test_random_conversations_render_as_the_server_does(family: Family, data: st.DataObject) -> None:
+    """The ``gguf:`` renderer's ids, rendered in two steps, equal the server's ``/apply-template``
+    then ``/tokenize`` of the same messages and tools. (A function without a description is left
+    out: llama.cpp's chat endpoint refuses its ``null`` description, and would render it as ``""``
+    where the template here renders ``null``; agents' tools all have one.)"""
+    r = family.renderer
+    tools = data.draw(st.one_of(st.just(EMPTY_TOOLS), tool_sets()))
+    assume(all(tool["function"]["description"] is not None for tool in r.chat_tools(tools) or ()))
+    instr = data.draw(instructions)
+    items = data.draw(items_(min_size=1, max_size=8))
+    if not r.chat_messages(instr, items):
+        return
+    cut = data.draw(st.integers(0, len(items)))
+    if not r.chat_messages(instr, items[:cut]):
+        cut = 0  # no message yet: a real template refuses to render nothing
+    log = r.extend(r.extend(r.begin(instr, tools), items[:cut]), items[cut:])
+    assert list(r.prompt(log)) == family.rendering(instr, tools, items)
 
 
 
