@@ -5,7 +5,7 @@ types, special token ids and the name of its pre-tokenizer -- and the chat templ
 metadata. :func:`model_dir` reads that metadata (:func:`read_metadata`, the file's header only:
 the tensors are never read) and writes the model directory the ``hf`` renderer takes
 (``tokenizer.json``, ``tokenizer_config.json`` with the template, ``generation_config.json`` with
-the end ids) into a cache, once per file; the renderer is then an :class:`~.hf.HFRenderer` of that
+the end ids) into a cache (:func:`cache_root`), once per file; the renderer is then an :class:`~.hf.HFRenderer` of that
 directory: the same incremental rendering, the template applied as ``llama-server`` applies it
 (``/apply-template``), the ids tokenized as its ``/tokenize`` gives them.
 
@@ -35,8 +35,6 @@ from .errors import VocabularyError
 
 #: ``renderer = "gguf:<file>"``.
 GGUF_PREFIX = "gguf:"
-#: Where the model directories made from GGUF files are kept (``RESPONSES_CACHE_GGUF_CACHE``).
-CACHE_ENV = "RESPONSES_CACHE_GGUF_CACHE"
 
 _QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -184,8 +182,14 @@ def tokenizer_files(metadata: dict[str, Any], source: str = "the GGUF file") -> 
 
 
 def cache_root() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "responses-cache" / "gguf"
+    """Where the model directories made from GGUF files are kept: ``gguf/`` under
+    ``$RESPONSES_CACHE_DIR``, else ``$XDG_CACHE_HOME/responses-cache``, else
+    ``~/.cache/responses-cache`` (as the hf renderer's verdicts)."""
+    configured = os.environ.get("RESPONSES_CACHE_DIR")
+    if configured:
+        return Path(configured) / "gguf"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "responses-cache" / "gguf"
 
 
 def model_dir(path: str | os.PathLike[str]) -> Path:
