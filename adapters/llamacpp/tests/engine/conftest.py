@@ -4,8 +4,9 @@ time from the suite's tiny Hugging Face models: a Qwen-style one (Qwen3's real t
 chat template, ChatML) and a DeepSeek-style one (DeepSeek's real vocabulary and its template, not
 ChatML). No weights are downloaded.
 
-One server per family for the whole session (each starts in about a second): two slots of 4096
-tokens, prompt caching, ``/slots`` and ``/metrics``. The build is skipped only where it is
+One server per family for the whole session (each starts in about a second): two slots of
+:data:`~llama_suite.CONTEXT` tokens (Codex's first prompt is ~9k), prompt caching, ``/slots`` and
+``/metrics``. The build is skipped only where it is
 impossible (no cmake, ninja or C++ compiler).
 """
 
@@ -17,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from llama_suite import FAMILIES, Family
+from llama_suite import CONTEXT, FAMILIES, Family
 
 from benchmarks.suite import llamaproc, vllmproc
 from tests.tokens.hf_assets import available, build_tokenizer_dir, real_model_dir
@@ -55,7 +56,7 @@ def llama_servers(
     # --no-prefill-assistant: /apply-template (the oracle) then renders a conversation that ends
     # with an assistant message and the generation prompt, as a prompt for a new answer (by default
     # it would leave that message open, for the model to continue it). /completion is unaffected.
-    servers = {f: llamaproc.LlamaServer(llama_build, gguf, alias=f, slots=2, context=4096,
+    servers = {f: llamaproc.LlamaServer(llama_build, gguf, alias=f, slots=2, context=CONTEXT,
                                         extra_args=["--no-prefill-assistant"])
                for f, (_, gguf) in llama_models.items()}
     try:

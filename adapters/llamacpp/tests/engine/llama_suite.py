@@ -21,6 +21,8 @@ from responses_cache.tokens.hf_messages import engine_messages
 from tests.websocket.wsclient import TERMINAL, check_event, check_stream
 
 KEY = "sk-llama"
+#: Each slot's context (the servers have two): Codex's first prompt is ~9k tokens.
+CONTEXT = 16384
 #: Family (``tests/tokens/hf_assets``) -> the architecture of its tiny model: a Qwen-style model
 #: with Qwen3's real files (ChatML), a DeepSeek-style one with DeepSeek's vocabulary and template.
 FAMILIES = {"qwen3-real": "Qwen2ForCausalLM", "deepseek-v4": "LlamaForCausalLM"}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llama_suite import KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
+from llama_suite import CONTEXT, KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
 from responses_cache_llamacpp import HandshakeError
 
 from responses_cache import Route, StaticRouter, create_app
@@ -134,18 +134,18 @@ def test_two_conversations_on_two_slots_do_not_evict_each_other(
 def test_a_prompt_over_the_context_is_refused_before_the_response_exists(
     qwen: Family, responses_cache_server_factory: Callable[..., Any]
 ) -> None:
-    # The slot's context (4096, read from /props) is the limit: an error, no response.created. Then
+    # The slot's context (read from /props) is the limit: an error, no response.created. Then
     # with a context configured larger than the server's, the server's own refusal (its
     # exceed_context_size_error, answered before its HTTP status) is the same error.
     for options in ({}, {"context_window": 100_000}):
         server = _server(qwen, responses_cache_server_factory, **options)
         with sdk(server.http_url) as client, client.responses.connect() as conn:
-            conn.response.create(model=qwen.name, store=False, input="lorem " * 5000, max_output_tokens=16)
+            conn.response.create(model=qwen.name, store=False, input="lorem " * (CONTEXT + 1000), max_output_tokens=16)
             event = json.loads(conn.recv_bytes())
             check_event(event)
             assert event["type"] == "error" and event["status"] == 400, (options, event)
             assert event["error"]["code"] == "context_length_exceeded", (options, event)
-            assert "4096" in event["error"]["message"], event
+            assert str(CONTEXT) in event["error"]["message"], event
             # The socket stays usable.
             assert turn(conn, model=qwen.name, input="short", max_output_tokens=4)["status"] in ("completed", "incomplete")
 
