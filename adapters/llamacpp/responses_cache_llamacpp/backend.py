@@ -373,13 +373,13 @@ class LlamaCppBackend:
     async def _attempt(self, url: str, ids: list[int], outcome: _Outcome) -> AsyncGenerator[BackendEvent | _Accepted, None]:
         """One try on one server. Raises :class:`EngineUnavailable` only before any output."""
         server = await self._server(url)
-        slot = server.slots.acquire(outcome.request.affinity_key)
-        body = self.body(outcome.request, ids, slot)
         headers = {"X-Request-Id": outcome.request.response_id, **outcome.request.trace_context}
         decoder = IncrementalDecoder(outcome.renderer.encoding)
         parser = outcome.parser
         streamed = stopped = False
+        slot = server.slots.acquire(outcome.request.affinity_key)
         try:
+            body = self.body(outcome.request, ids, slot)
             async with self._client.stream("POST", url + "/completion", json=body, headers=headers) as response:
                 if response.status_code != 200:
                     raise self._refused(response.status_code, await response.aread(), response.headers)
