@@ -17,7 +17,7 @@ from responses_cache import Route, StaticRouter, create_app
 from responses_cache.testing import RecordingBackend
 from tests.codex_cli import codex_binary, codex_exec
 
-pytestmark = [pytest.mark.engine, pytest.mark.npm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.npm, pytest.mark.timeout(900)]  # a first run builds llama-server
 
 
 def test_codex_prompts_equal_the_servers_own(

@@ -21,7 +21,7 @@ from llama_suite import Family, sdk, turn
 from responses_cache.testing import free_port
 from tests.codex_cli import codex_binary
 
-pytestmark = [pytest.mark.engine, pytest.mark.subprocess, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.subprocess, pytest.mark.timeout(900)]  # a first run builds llama-server
 
 PAGE = pathlib.Path(__file__).resolve().parents[4] / "docs" / "llamacpp.md"
 MODEL_FILE = "~/models/Qwen3-8B-Q4_K_M.gguf"

@@ -24,7 +24,7 @@ from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from tests.tokens._strategies import examples, instructions, items_
 from tests.websocket.wsclient import check_event
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]  # the first one builds llama-server
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one builds llama-server (minutes)
 
 WEATHER = [{
     "type": "function", "name": "get_weather", "description": "The weather in a city.",
