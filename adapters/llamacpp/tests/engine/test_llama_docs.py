@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 from llama_suite import Family, sdk, turn
 
+import responses_cache
 from responses_cache.testing import free_port
 from tests.codex_cli import codex_binary
 
@@ -35,6 +36,12 @@ def block(starts: str) -> str:
     raise AssertionError(f"docs/llamacpp.md has no toml block starting with {starts!r}")
 
 
+def _cli() -> str:
+    """The module of the ``responses-cache`` command in the package under test."""
+    package = pathlib.Path(responses_cache.__file__).parent
+    return "responses_cache.server.cli" if (package / "server" / "cli.py").is_file() else "responses_cache.cli"
+
+
 @contextlib.contextmanager
 def serving(qwen: Family, tmp_path: pathlib.Path) -> Iterator[str]:
     """``responses-cache serve --config serve.toml`` with the page's file; its base URL (…/v1)."""
@@ -45,7 +52,7 @@ def serving(qwen: Family, tmp_path: pathlib.Path) -> Iterator[str]:
               .replace("port = 8000", f"port = {port}")
               .replace("# extra_body = { n_predict = 4096 }", "extra_body = { n_predict = 8 }"))
     (tmp_path / "serve.toml").write_text(config)
-    proc = subprocess.Popen([sys.executable, "-m", "responses_cache.cli", "serve", "--config", str(tmp_path / "serve.toml")],
+    proc = subprocess.Popen([sys.executable, "-m", _cli(), "serve", "--config", str(tmp_path / "serve.toml")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
