@@ -203,8 +203,8 @@ _FRONT = textwrap.dedent("""
     import sys, uvicorn
     from responses_cache import Route, StaticRouter, create_app, get_renderer
     from responses_cache_llamacpp import LlamaCppBackend
-    url, gguf, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    renderer = get_renderer("gguf:" + gguf)
+    url, gguf, port, history = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    renderer = get_renderer("gguf:" + gguf, history=history)
     backend = LlamaCppBackend(url, model="tiny", template=renderer, extra_body={"ignore_eos": True})
     route = Route(name="default", model="tiny", backend=backend, renderer=renderer, context_window=1 << 20)
     app = create_app(backend=backend, router=StaticRouter({"tiny": route}, default=route))
@@ -212,10 +212,10 @@ _FRONT = textwrap.dedent("""
 """)
 
 
-def _front(server: llamaproc.LlamaServer, gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _front(server: llamaproc.LlamaServer, gguf: Path, history: str) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), str(_ROOT / "adapters" / "llamacpp")])}
-    proc = subprocess.Popen([sys.executable, "-c", _FRONT, server.url, str(gguf), str(port)], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", _FRONT, server.url, str(gguf), str(port), history], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -235,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--log", action="store_true", help="print the server's log of each run")
     parser.add_argument("--threads", type=int, default=1, help="llama-server's threads (default 1)")
+    parser.add_argument("--keep", choices=["template", "keep"], default="template",
+                        help="the renderer's history mode: keep the sampled ids of each answer in the log")
     args = parser.parse_args(argv)
     from tests.tokens.hf_assets import real_model_dir
 
@@ -251,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # client and the responses-cache process need the rest.
     with llamaproc.LlamaServer(build, gguf, alias="tiny", slots=1, context=context, threads=args.threads,
                                startup_timeout=300) as server:
-        front, url = _front(server, gguf)
+        front, url = _front(server, gguf, args.keep)
         try:
             def count(messages: list[dict[str, str]]) -> int:
                 text = server.post("/apply-template", {"messages": messages})["prompt"]
