@@ -22,9 +22,10 @@ BIN = Path(sys.executable).parent
         [str(BIN / "mypy"), "-p", "responses_cache", "-p", "benchmarks.suite"],
         [str(BIN / "mypy"), "adapters/vllm/responses_cache_vllm"],
         [str(BIN / "mypy"), "adapters/cerebras/responses_cache_cerebras"],
+        [str(BIN / "mypy"), "adapters/llamacpp/responses_cache_llamacpp"],
         [str(BIN / "lint-imports")],
     ],
-    ids=["ruff", "mypy", "mypy-adapters", "mypy-cerebras", "import-linter"],
+    ids=["ruff", "mypy", "mypy-adapters", "mypy-cerebras", "mypy-llamacpp", "import-linter"],
 )
 def test_tool_is_clean(command: list[str]) -> None:
     # mypy's incremental cache outside the checkout, so that a fresh clone (CI's) re-checks only
