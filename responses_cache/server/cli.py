@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="default 8000")
     serve.add_argument("--api-key", action="append", help="accepted bearer key (repeatable; env RESPONSES_CACHE_API_KEY)")
     serve.add_argument("--instant", action="store_true", default=None, help="simulated engine with zero latency")
-    serve.add_argument("--renderer", help="prompt renderer: harmony (default), chatml, hf:<model dir> (the model's own tokenizer and chat template), or '' for none")
+    serve.add_argument("--renderer", help="prompt renderer: harmony (default), chatml, hf:<model dir> (the model's own tokenizer and chat template), gguf:<file> (a GGUF's, for llama.cpp), or '' for none")
     serve.add_argument("--log-level", help="default warning")
     serve.add_argument("--prometheus", action="store_true", default=None, help="export metrics at GET /metrics (prometheus extra)")
     serve.add_argument(

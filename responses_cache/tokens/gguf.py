@@ -2,7 +2,7 @@
 
 A GGUF file (llama.cpp's model format) carries the tokenizer -- its vocabulary, merges, token
 types, special token ids and the name of its pre-tokenizer -- and the chat template in its
-metadata. :func:`model_dir` reads that metadata (:func:`read_metadata`, the file's header only:
+metadata. :func:`model_dir` reads that metadata (:func:`read_metadata`, with the ``gguf`` package:
 the tensors are never read) and writes the model directory the ``hf`` renderer takes
 (``tokenizer.json``, ``tokenizer_config.json`` with the template, ``generation_config.json`` with
 the end ids) into a cache (:func:`cache_root`), once per file; the renderer is then an :class:`~.hf.HFRenderer` of that
@@ -25,11 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .errors import VocabularyError
 
@@ -51,9 +49,6 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("deepseek-v3", "joyai-llm"), _DEEPSEEK3),
 }
 
-# GGUF value types (the format's numbering).
-_SCALARS: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
 # GGUF token types.
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -62,60 +57,18 @@ class GGUFError(VocabularyError):
     """Not a GGUF file, or one whose tokenizer this renderer cannot rebuild."""
 
 
-class _Reader:
-    def __init__(self, stream: BinaryIO) -> None:
-        self._stream = stream
-
-    def take(self, fmt: str) -> Any:
-        size = struct.calcsize("<" + fmt)
-        data = self._stream.read(size)
-        if len(data) != size:
-            raise GGUFError("the GGUF header ends early")
-        return struct.unpack("<" + fmt, data)[0]
-
-    def string(self) -> str:
-        size = self.take("Q")
-        data = self._stream.read(size)
-        if len(data) != size:
-            raise GGUFError("the GGUF header ends early")
-        return data.decode("utf-8", errors="surrogateescape")
-
-    def value(self, kind: int) -> Any:
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            inner, count = self.take("I"), self.take("Q")
-            read: Callable[[], Any] = self.string if inner == _STRING else (lambda: self.value(inner))
-            if inner in _SCALARS:
-                item = _SCALARS[inner]
-                size = struct.calcsize("<" + item)
-                data = self._stream.read(size * count)
-                if len(data) != size * count:
-                    raise GGUFError("the GGUF header ends early")
-                return list(struct.unpack(f"<{count}{item}", data))
-            return [read() for _ in range(count)]
-        fmt = _SCALARS.get(kind)
-        if fmt is None:
-            raise GGUFError(f"unknown GGUF value type {kind}")
-        return self.take(fmt)
-
-
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The key-value metadata of a GGUF file (versions 2 and 3), without its tensors."""
-    with open(path, "rb") as stream:
-        if stream.read(4) != b"GGUF":
-            raise GGUFError(f"{path} is not a GGUF file")
-        reader = _Reader(stream)
-        version = reader.take("I")
-        if version not in (2, 3):
-            raise GGUFError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-        reader.take("Q")  # tensor count
-        count = reader.take("Q")
-        metadata: dict[str, Any] = {}
-        for _ in range(count):
-            key = reader.string()
-            metadata[key] = reader.value(reader.take("I"))
-        return metadata
+    """The key-value metadata of a GGUF file, read with llama.cpp's own ``gguf`` package (the
+    ``gguf`` extra): the header only, the tensors are mapped but never read."""
+    try:
+        from gguf import GGUFReader  # the gguf extra: imported only for a gguf: renderer
+    except ImportError as exc:
+        raise GGUFError("the gguf: renderer needs the gguf package: pip install 'responses-cache[gguf]'") from exc
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError) as exc:
+        raise GGUFError(f"{path} is not a GGUF file this renderer can read: {exc}") from exc
+    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
 
 
 def tokenizer_files(metadata: dict[str, Any], source: str = "the GGUF file") -> dict[str, Any]:

@@ -168,10 +168,11 @@ def available(family: str) -> bool:
 
 def build_tokenizer(family: str) -> str:
     """The ``tokenizer.json`` text of ``family``'s tokenizer (trained here, or the package's)."""
-    if FAMILIES[family].package is not None:
+    package = FAMILIES[family].package
+    if package is not None:
         import importlib.resources
 
-        return (importlib.resources.files(FAMILIES[family].package) / "tokenizer.json").read_text(encoding="utf-8")
+        return (importlib.resources.files(package) / "tokenizer.json").read_text(encoding="utf-8")
     from tokenizers import (
         AddedToken,
         Regex,

@@ -4,11 +4,11 @@ converted by llama.cpp, against a real ``llama-server``: ``adapters/llamacpp/tes
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGUFWriter
 
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.gguf import GGUFError, model_dir, read_metadata, tokenizer_files
@@ -33,31 +33,23 @@ def _byte_symbols() -> list[str]:
     return [symbols[b] for b in range(256)]
 
 
-def _string(value: str) -> bytes:
-    data = value.encode()
-    return struct.pack("<Q", len(data)) + data
-
-
-def _value(value: Any) -> tuple[int, bytes]:
-    if isinstance(value, bool):
-        return 7, struct.pack("<?", value)
-    if isinstance(value, int):
-        return 4, struct.pack("<I", value)
-    if isinstance(value, str):
-        return 8, _string(value)
-    assert isinstance(value, list)
-    if value and isinstance(value[0], str):
-        return 9, struct.pack("<IQ", 8, len(value)) + b"".join(_string(v) for v in value)
-    return 9, struct.pack("<IQ", 5, len(value)) + b"".join(struct.pack("<i", v) for v in value)
-
-
 def write_gguf(path: Path, metadata: dict[str, Any]) -> Path:
-    """A GGUF file (version 3) with ``metadata`` and no tensors."""
-    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata))
+    """A GGUF file with ``metadata`` and no tensors, written by llama.cpp's own ``gguf`` package."""
+    writer = GGUFWriter(path, str(metadata.get("general.architecture", "qwen2")))
     for key, value in metadata.items():
-        kind, data = _value(value)
-        out += _string(key) + struct.pack("<I", kind) + data
-    path.write_bytes(out)
+        if key == "general.architecture":
+            continue  # the writer's own first key
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_array(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
     return path
 
 
