@@ -44,7 +44,13 @@ from ..pipeline.validate import Limits, Validator
 from ..protocol.tools import DEFAULT_TOOL_CACHE_BYTES, tool_cache
 from ..session.session import InputBudget, SessionConfig
 from ..storage.hot import HotCache
-from ..storage.store import MemoryResponseStore, ResponseStore
+from ..storage.store import (
+    DEFAULT_STORE_BYTES,
+    DEFAULT_STORE_TENANT_BYTES,
+    Bound,
+    MemoryResponseStore,
+    ResponseStore,
+)
 from .http_api import HTTPApi
 from .websocket import WebSocketMode
 
@@ -60,6 +66,10 @@ class ServerConfig:
     api_keys: Iterable[str] | Mapping[str, str] | None = None
     authenticator: Authenticator | None = None
     store: ResponseStore | None = None
+    #: Bounds of the in-memory store made when ``store`` is ``None``: bytes of all tenants'
+    #: stored responses together, and of one tenant's (least recently used go first).
+    store_max_bytes: int = DEFAULT_STORE_BYTES
+    store_max_tenant_bytes: int = DEFAULT_STORE_TENANT_BYTES
     billing: UsageSubmitter | None = None
     hooks: Sequence[Hook] = ()
     limits: Limits = field(default_factory=Limits)
@@ -173,11 +183,15 @@ def create_service(config: ServerConfig | None = None, **options: object) -> Ser
 def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     backend = cfg.backend or SimulatedEngine()
     router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window)
-    store = cfg.store if cfg.store is not None else MemoryResponseStore()
+    metrics = cfg.metrics or InMemoryMetrics()
+    store = cfg.store
+    if store is None:
+        store = MemoryResponseStore(max_bytes=cfg.store_max_bytes, max_tenant_bytes=cfg.store_max_tenant_bytes)
     owns_store = cfg.own_store or cfg.store is None
     hot_bytes, connection_bytes = split_budget(cfg.process_cache_bytes, cfg.hot_cache_bytes)
     hot = HotCache(hot_bytes, ttl_s=getattr(store, "ttl_s", None)) if hot_bytes else None
-    metrics = cfg.metrics or InMemoryMetrics()
+    if isinstance(store, MemoryResponseStore) and store.evicted is None:
+        store.evicted = _store_evictions(metrics, hot)
     if isinstance(cfg.billing, Biller) and cfg.billing.metrics is None:
         cfg.billing.metrics = metrics  # the billing lag, with the service's other metrics
     pipeline = Pipeline(
@@ -217,6 +231,19 @@ def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
         drainer=drainer,
         resources=Resources([pipeline, cfg.billing, store if owns_store else None, quotas, *backends, *cfg.hooks, background]),
     )
+
+
+def _store_evictions(metrics: Metrics, hot: HotCache | None) -> Callable[[Bound, str, str], None]:
+    """What follows the memory store's evictions: each is counted in ``store_evictions_total``, by
+    the bound that made it, and its state leaves the hot cache (which would refuse it anyway), so
+    an evicted response's memory is freed unless a connection's cache still holds it."""
+
+    def evicted(bound: Bound, tenant: str, response_id: str) -> None:
+        metrics.inc("store_evictions_total", {"bound": bound})
+        if hot is not None:
+            hot.evict(tenant, response_id)
+
+    return evicted
 
 
 def create_app(config: ServerConfig | None = None, **options: object) -> Starlette:

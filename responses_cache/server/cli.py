@@ -94,6 +94,8 @@ def server_config(settings: ServeSettings) -> ServerConfig:
         hot_cache_bytes=settings.hot_cache_bytes,
         context_window=settings.context_window,
         store=_store(settings),
+        store_max_bytes=settings.store_max_bytes,
+        store_max_tenant_bytes=settings.store_max_tenant_bytes,
         own_store=True,
         process_input_bytes=settings.process_input_bytes,
         write_timeout_s=settings.write_timeout_s,
@@ -276,6 +278,7 @@ _OPTIONS = (
     "backend", "host", "port", "instant", "renderer", "log_level", "prometheus", "otel", "log_json",
     "billing_jsonl", "billing_sqlite", "billing_webhook", "billing_journal", "billing_durability",
     "billing_stop_timeout", "billing_flush_interval", "billing_queue_size", "lifetime_s", "store",
+    "store_max_bytes", "store_max_tenant_bytes",
     "hot_cache_bytes", "engine_slots", "drain_timeout_s",
 )
 
@@ -324,6 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--store", metavar="URL", help="memory (default: this process only) or a Redis URL (shared; redis extra): "
         "redis[s]://[USER:PASSWORD@]HOST:PORT/DB, redis+sentinel://HOST:PORT[,…]/NAME[/DB], "
         "redis[s]+cluster://HOST:PORT[,…]"
+    )
+    serve.add_argument(
+        "--store-max-bytes", type=int, metavar="N", help="bytes the memory store keeps, all tenants together (default 1 GiB)"
+    )
+    serve.add_argument(
+        "--store-max-tenant-bytes", type=int, metavar="N", help="bytes the memory store keeps of one tenant (default 256 MiB)"
     )
     serve.add_argument("--hot-cache-bytes", type=int, help="the process-wide hot cache's share of the cache budget")
     serve.add_argument(

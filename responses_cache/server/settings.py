@@ -29,6 +29,7 @@ from ..core.runtime import (
 from ..limits.input_rate import InputRateLimits
 from ..protocol.tools import DEFAULT_TOOL_CACHE_BYTES
 from ..session.session import SessionConfig
+from ..storage.store import DEFAULT_STORE_BYTES, DEFAULT_STORE_TENANT_BYTES
 
 ENV_PREFIX = "RESPONSES_CACHE_"
 
@@ -138,6 +139,10 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: by every process; the redis extra): ``redis://``, ``rediss://``, ``unix://``,
     #: ``redis+sentinel://``, ``redis[s]+cluster://`` (:mod:`responses_cache.storage.redis_client`).
     store: str = "memory"
+    #: Bytes of stored responses the ``memory`` store keeps, all tenants together and per tenant;
+    #: least recently used go first (docs/limits.md).
+    store_max_bytes: int = DEFAULT_STORE_BYTES
+    store_max_tenant_bytes: int = DEFAULT_STORE_TENANT_BYTES
     #: How long a stored conversation lives after its latest turn (Redis store).
     store_ttl_s: float = 30 * 24 * 3600.0
     #: Keep token-log snapshots in the store, so another process appends instead of re-rendering.
