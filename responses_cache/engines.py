@@ -4,7 +4,9 @@ It re-exports that module's public names (the module moved when the package was 
 role). Patch or extend the module itself, not this one."""
 
 from .backends.engines import (
+    ACCEPTED,
     RETRYABLE_STATUS,
+    Accepted,
     EngineUnavailable,
     IncrementalDecoder,
     body_message,
@@ -14,10 +16,14 @@ from .backends.engines import (
     refusal,
     retry_after,
     stream_error,
+    until_accepted,
+    without_marker,
 )
 
 __all__ = [
+    "ACCEPTED",
     "RETRYABLE_STATUS",
+    "Accepted",
     "EngineUnavailable",
     "IncrementalDecoder",
     "body_message",
@@ -27,4 +33,6 @@ __all__ = [
     "refusal",
     "retry_after",
     "stream_error",
+    "until_accepted",
+    "without_marker",
 ]

@@ -15,6 +15,9 @@
 * :func:`refusal`: a failure before the engine accepted the request (its 4xx, our own checks)
   as the plain error an HTTP client would get, for a backend's ``open_stream`` to raise before
   the response exists (``response.failed`` takes only the codes of a generation failure).
+* :data:`ACCEPTED`, :func:`until_accepted`, :func:`without_marker`: a backend's stream marks
+  where the engine accepted the request; ``open_stream`` waits for the mark (a failure before it
+  is a :func:`refusal`), ``generate`` streams past it.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
+from ..engine_events import BackendEvent
 from ..protocol.errors import ResponsesError
 from .base import BackendError
 
@@ -48,6 +52,55 @@ def refusal(error: BackendError) -> ResponsesError:
     status, kind, param = _REFUSALS.get(error.code, (502, "server_error", None))
     code = error.code if error.code in _REFUSALS else "server_error"
     return ResponsesError(str(error), status=status, type=kind, code=code, param=param)
+
+
+class Accepted:
+    """The engine answered the request with 200: from here on a failure fails the response."""
+
+
+#: The mark a backend's stream yields where the engine accepted the request.
+ACCEPTED = Accepted()
+Marked = AsyncGenerator[BackendEvent | Accepted, None]
+
+
+async def until_accepted(stream: Marked) -> AsyncGenerator[BackendEvent, None]:
+    """For ``open_stream``: wait until ``stream`` yields :data:`ACCEPTED` and return the rest of
+    the generation; a :class:`~.base.BackendError` before it is raised as a :func:`refusal` (the
+    response does not exist yet), and the stream is closed however the wait ends."""
+    early: list[BackendEvent] = []
+    try:
+        async for event in stream:
+            if isinstance(event, Accepted):
+                break
+            early.append(event)
+    except BackendError as exc:
+        await stream.aclose()
+        raise refusal(exc) from exc
+    except BaseException:
+        await stream.aclose()
+        raise
+    return _rest(early, stream)
+
+
+async def _rest(early: list[BackendEvent], stream: Marked) -> AsyncGenerator[BackendEvent, None]:
+    try:
+        for event in early:
+            yield event
+        async for step in stream:
+            if not isinstance(step, Accepted):
+                yield step
+    finally:
+        await stream.aclose()
+
+
+async def without_marker(stream: Marked) -> AsyncGenerator[BackendEvent, None]:
+    """For ``generate``: ``stream``'s events past the :data:`ACCEPTED` mark, closed however it ends."""
+    try:
+        async for step in stream:
+            if not isinstance(step, Accepted):
+                yield step
+    finally:
+        await stream.aclose()
 
 
 class IncrementalDecoder:

@@ -45,13 +45,16 @@ from responses_cache import (
     get_renderer,
 )
 from responses_cache.engines import (
+    ACCEPTED,
     RETRYABLE_STATUS,
+    Accepted,
     EngineUnavailable,
     IncrementalDecoder,
     body_message,
     http_error,
-    refusal,
     stream_error,
+    until_accepted,
+    without_marker,
 )
 
 from .slots import Replicas, SlotTable
@@ -68,13 +71,6 @@ _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
 class HandshakeError(RuntimeError):
     """The server's tokenizer does not give the renderer's ids: token-id prompts would be garbage."""
-
-
-class _Accepted:
-    """The server answered 200: from here on a failure fails the response."""
-
-
-_ACCEPTED = _Accepted()
 
 
 @dataclass(slots=True)
@@ -278,43 +274,12 @@ class LlamaCppBackend:
         """Send the request and wait until the server accepts it: ``llama-server`` answers its
         HTTP status with the first result, so a prompt over the context, a refusal or no server
         reachable is raised here, before the response exists, as a plain error."""
-        stream = self._stream(request)
-        early: list[BackendEvent] = []
-        try:
-            async for event in stream:
-                if isinstance(event, _Accepted):
-                    break
-                early.append(event)
-        except BackendError as exc:
-            await stream.aclose()
-            raise refusal(exc) from exc
-        except BaseException:
-            await stream.aclose()
-            raise
-        return self._rest(early, stream)
+        return await until_accepted(self._stream(request))
 
-    async def _rest(
-        self, early: list[BackendEvent], stream: AsyncGenerator[BackendEvent | _Accepted, None]
-    ) -> AsyncGenerator[BackendEvent, None]:
-        try:
-            for event in early:
-                yield event
-            async for step in stream:
-                if not isinstance(step, _Accepted):
-                    yield step
-        finally:
-            await stream.aclose()
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        return without_marker(self._stream(request))
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        stream = self._stream(request)
-        try:
-            async for step in stream:
-                if not isinstance(step, _Accepted):
-                    yield step
-        finally:
-            await stream.aclose()
-
-    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent | _Accepted, None]:
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent | Accepted, None]:
         if request.prompt is None:
             raise BackendError("the llama.cpp backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer
@@ -370,7 +335,7 @@ class LlamaCppBackend:
                 raise EngineUnavailable(BackendError(str(exc) or type(exc).__name__, "server_error")) from exc
         return server
 
-    async def _attempt(self, url: str, ids: list[int], outcome: _Outcome) -> AsyncGenerator[BackendEvent | _Accepted, None]:
+    async def _attempt(self, url: str, ids: list[int], outcome: _Outcome) -> AsyncGenerator[BackendEvent | Accepted, None]:
         """One try on one server. Raises :class:`EngineUnavailable` only before any output."""
         server = await self._server(url)
         headers = {"X-Request-Id": outcome.request.response_id, **outcome.request.trace_context}
@@ -384,7 +349,7 @@ class LlamaCppBackend:
                 if response.status_code != 200:
                     raise self._refused(response.status_code, await response.aread(), response.headers)
                 self.replicas.mark_up(url)
-                yield _ACCEPTED
+                yield ACCEPTED
                 async for sse in EventSource(response).aiter_sse():
                     if not sse.data:
                         continue

@@ -46,13 +46,16 @@ from responses_cache import (
     get_renderer,
 )
 from responses_cache.engines import (
+    ACCEPTED,
     RETRYABLE_STATUS,
+    Accepted,
     EngineUnavailable,
     IncrementalDecoder,
     body_message,
     finish_error,
     http_error,
-    refusal,
+    until_accepted,
+    without_marker,
 )
 
 from .dialects import DIALECTS, PREFERENCE, Dialect, Params
@@ -70,13 +73,6 @@ _ENABLE_HINT = {
 #: Text for the tokenizer handshake: accents, CJK, an emoji, digit runs (tokenizers that split
 #: numbers differently: Qwen2 one digit at a time, Llama 3 up to three), whitespace.
 _PROBE_TEXT = " Grüße, 世界 🚀 x=42; 2026-12-01 10:00, 1000 ms\n\t"
-
-
-class _Accepted:
-    """The engine answered the request with 200: from here on a failure fails the response."""
-
-
-_ACCEPTED = _Accepted()
 
 
 class _RouteDisabled(Exception):
@@ -377,44 +373,13 @@ class EngineBackend:
         """Send the request and wait until the engine accepts it (its 200 and headers come before
         prefill): a refusal until then — the engine's 4xx, a prompt over its window, no replica
         reachable — is a plain error with its HTTP status, raised before the response exists."""
-        stream = self._stream(request)
-        early: list[BackendEvent] = []
-        try:
-            async for event in stream:
-                if isinstance(event, _Accepted):
-                    break
-                early.append(event)
-        except BackendError as exc:
-            await stream.aclose()
-            raise refusal(exc) from exc
-        except BaseException:
-            await stream.aclose()
-            raise
-        return self._rest(early, stream)
+        return await until_accepted(self._stream(request))
 
-    async def _rest(
-        self, early: list[BackendEvent], stream: AsyncGenerator[BackendEvent | _Accepted, None]
-    ) -> AsyncGenerator[BackendEvent, None]:
-        try:
-            for event in early:
-                yield event
-            async for step in stream:
-                if not isinstance(step, _Accepted):
-                    yield step
-        finally:
-            await stream.aclose()
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
+        return without_marker(self._stream(request))
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
-        stream = self._stream(request)
-        try:
-            async for step in stream:
-                if not isinstance(step, _Accepted):
-                    yield step
-        finally:
-            await stream.aclose()
-
-    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent | _Accepted, None]:
-        """The generation's events, with an :class:`_Accepted` marker where the engine accepted it."""
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent | Accepted, None]:
+        """The generation's events, with an :data:`~responses_cache.engines.ACCEPTED` marker where the engine accepted it."""
         if request.prompt is None:
             raise BackendError("this backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer
@@ -460,7 +425,7 @@ class EngineBackend:
 
     async def _on_replicas(
         self, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
-    ) -> AsyncGenerator[BackendEvent | _Accepted, None]:
+    ) -> AsyncGenerator[BackendEvent | Accepted, None]:
         """The request on the conversation's replica, failing over to the next ones while none
         has streamed anything."""
         unavailable: list[str] = []
@@ -480,7 +445,7 @@ class EngineBackend:
 
     async def _attempt(
         self, url: str, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
-    ) -> AsyncGenerator[BackendEvent | _Accepted, None]:
+    ) -> AsyncGenerator[BackendEvent | Accepted, None]:
         """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
         streamed = False
         parser = outcome.parser
@@ -496,7 +461,7 @@ class EngineBackend:
                         raise _RouteDisabled(f"{url}{dialect.path} refused the request", error)
                     raise error
                 self.replicas.mark_up(url)
-                yield _ACCEPTED
+                yield ACCEPTED
                 reader = dialect.reader()
                 async for sse in EventSource(response).aiter_sse():
                     if sse.data == "[DONE]":
