@@ -34,10 +34,11 @@ def codex_binary() -> Path:
     return binary
 
 
-def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None = None, task: str = TASK,
-               api_key: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``codex exec`` of ``task`` against the server at ``base_url`` (``…/v1``) over WebSocket mode,
-    in a throwaway home and working directory under ``tmp_path``."""
+def codex_environment(binary: Path, base_url: str, tmp_path: Path, *, model: str | None = None, task: str = TASK,
+                      api_key: str | None = None) -> tuple[list[str], Path, dict[str, str]]:
+    """The command line, working directory and environment of ``codex exec`` of ``task`` against
+    the server at ``base_url`` (``…/v1``) over WebSocket mode, in a throwaway home and working
+    directory under ``tmp_path``."""
     home = tmp_path / "codex-home"
     home.mkdir()
     config = CONFIG.read_text().replace("http://127.0.0.1:8000/v1", base_url)
@@ -52,7 +53,12 @@ def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None
     env = {"PATH": os.environ["PATH"], "CODEX_HOME": str(home), "HOME": str(tmp_path)}
     if api_key is not None:
         env["RESPONSES_CACHE_API_KEY"] = api_key
-    return subprocess.run(
-        [str(binary), "exec", "--skip-git-repo-check", "--ephemeral", task],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
-    )
+    return [str(binary), "exec", "--skip-git-repo-check", "--ephemeral", task], work, env
+
+
+def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None = None, task: str = TASK,
+               api_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``codex exec`` of ``task`` against the server at ``base_url`` (``…/v1``), to its end."""
+    argv, work, env = codex_environment(binary, base_url, tmp_path, model=model, task=task, api_key=api_key)
+    return subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=180)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from openai import AsyncOpenAI, OpenAI
 from websockets.exceptions import ConnectionClosed
 
 from responses_cache.testing import ServeProcess, free_port, serve_in_process, wait_for
+from tests.codex_cli import codex_binary, codex_environment
 from tests.store.nginx_proxy import SITE, NginxProcess, nginx_binary
 
 pytestmark = [pytest.mark.subprocess]
@@ -365,3 +367,72 @@ def test_a_rolling_restart_behind_nginx_loses_no_turn_conversation_or_record(
         items = list(client.responses.input_items.list(agent.previous, order="asc", limit=100))
         assert f"{agent.name} turn 0" in json.dumps(items[0].model_dump())
         assert len(items) == 4 * agent.turns - 1
+
+
+@needs_nginx
+@pytest.mark.npm
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
+    tmp_path: Path, nginx: NginxProcess, deployment: Deployment
+) -> None:
+    """The real Codex CLI through nginx: while it runs the task's command (its WebSocket idle
+    between the call and the command's output), both processes are restarted one after the
+    other. The process holding Codex's connection closes it with 1001; Codex opens a new one
+    through nginx, lands on a process that never saw the conversation, and finishes the task
+    there (the conversation is in the shared store) — over WebSocket still, no turn failed,
+    one usage record per response."""
+    binary = codex_binary()
+    marker = "hello-from-a-restart"
+    command = f"sleep 6; echo {marker}"
+    codex = _start_codex(binary, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.")
+    try:
+        wait_for(lambda: _running(command), "Codex running the task's command", timeout=60)
+        for index in (0, 1):
+            old = deployment.processes[index]
+            old.proc.send_signal(signal.SIGTERM)
+            assert old.proc.wait(20) == 0
+            assert "Traceback" not in old.output()
+            deployment.start(index)
+        out, err = codex.communicate(timeout=90)
+    finally:
+        if codex.poll() is None:
+            codex.kill()
+            codex.communicate()
+    assert codex.returncode == 0, err[-3000:]
+    assert marker in out
+    assert "Falling back" not in err  # it stayed on WebSocket mode
+    for server in deployment.processes:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(40) == 0
+    records = deployment.records()
+    ids = [record["response_id"] for record in records]
+    assert len(ids) == len(set(ids)) and len(ids) >= 3, records  # warm-up, call, answer
+    assert {record["status"] for record in records} == {"completed"}
+    assert {record["transport"] for record in records} == {"websocket"}
+    # What Codex does on the new connection (docs/deploy.md): it resends the whole conversation,
+    # without previous_response_id (it chains with it only on the connection that made the parent).
+    answer = max(records, key=lambda record: record["finished_at"])
+    call = max((r for r in records if r is not answer), key=lambda record: record["finished_at"])
+    assert call["previous_response_id"] is not None
+    assert answer["previous_response_id"] is None
+    assert answer["input_tokens"] > call["input_tokens"] + call["output_tokens"]
+
+
+def _start_codex(binary: Path, base_url: str, tmp_path: Path, task: str) -> subprocess.Popen[str]:
+    """``codex exec`` of ``task`` in the background (the same configuration as
+    :func:`tests.codex_cli.codex_exec`), with the proxy's API key."""
+    argv, cwd, env = codex_environment(binary, base_url, tmp_path, task=task, api_key=KEY)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _running(command: str) -> bool:
+    """A process on this machine is running ``command`` (Codex runs it under a shell)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if command in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
