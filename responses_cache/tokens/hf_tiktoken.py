@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tiktoken
+from cachetools import LRUCache
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -562,6 +563,13 @@ def _verdict_key(tokenizer_json: str) -> str:
     return h.hexdigest()
 
 
+#: The verified encoders built in this process, by verdict key: a second renderer of the same
+#: tokenizer (a route's and a backend's tokenizer check, or several routes) takes the first one's
+#: tiktoken encoding (immutable, thread-safe) instead of building it again (a second or more for a
+#: large vocabulary). A few: each holds its vocabulary's ranks.
+_verified_encoders: LRUCache[str, FastEncoder] = LRUCache(maxsize=4)
+
+
 def fast_encoder(
     tokenizer_json: str,
     tokenizer: Tokenizer,
@@ -573,13 +581,11 @@ def fast_encoder(
 
     ``cache_dir``: where the verdict of (b) and the probe is kept (``True``: ``$RESPONSES_CACHE_DIR``,
     else ``$XDG_CACHE_HOME/responses-cache``, else ``~/.cache/responses-cache``, under
-    ``hf-tiktoken/``; ``None``/``False``: not cached, checked every time)."""
+    ``hf-tiktoken/``; ``None``/``False``: not cached, checked every time). While a cached verdict
+    stands, an encoder already built for it in this process lends its encoding."""
+    key = _verdict_key(tokenizer_json)
     root = _cache_root() if cache_dir is True else (cache_dir or None)
-    path = (
-        root / "hf-tiktoken" / f"{_verdict_key(tokenizer_json)}.json"
-        if isinstance(root, Path)
-        else None
-    )
+    path = root / "hf-tiktoken" / f"{key}.json" if isinstance(root, Path) else None
     cached: Any = None
     if path is not None:
         try:
@@ -589,6 +595,9 @@ def fast_encoder(
         if isinstance(cached, dict) and "refused" in cached:
             return Refused(str(cached["refused"]))
     verified = isinstance(cached, dict) and cached.get("verified") is True and isinstance(cached.get("last"), dict)
+    known = _verified_encoders.get(key) if verified else None
+    if known is not None:  # built in this process under the same verdict: its encoding, a fresh counter
+        return FastEncoder(known.encoding, known.to_model, known.nfc, known.added)
     try:
         spec = json.loads(tokenizer_json)
         added_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
@@ -605,16 +614,17 @@ def fast_encoder(
     except (ValueError, KeyError, TypeError) as exc:  # tiktoken refusing the pattern, odd JSON
         return Refused(f"not mapped: {exc}")
     encoder = FastEncoder(encoding, p.to_model, p.nfc, p.specials)
-    if verified:
-        return encoder
-    try:
-        verify_merges(spec, p.merged)
-        _probe(encoder, tokenizer, list(p.specials))
-    except Refused as exc:
-        _store(path, exc)
-        return exc
-    _store(path, {"verified": True, "last": p.last})
-    encoder.refused = 0
+    if not verified:
+        try:
+            verify_merges(spec, p.merged)
+            _probe(encoder, tokenizer, list(p.specials))
+        except Refused as exc:
+            _store(path, exc)
+            return exc
+        _store(path, {"verified": True, "last": p.last})
+        encoder.refused = 0
+    if path is not None:
+        _verified_encoders[key] = encoder
     return encoder
 
 

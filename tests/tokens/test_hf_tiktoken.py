@@ -489,3 +489,26 @@ def test_deepseek_steps_are_mapped_only_when_exactly_deepseeks() -> None:
     steps[0]["pattern"]["Regex"] = r"\p{N}{1,4}"
     with pytest.raises(Refused, match="pre-tokenizer not mapped"):
         plan(spec)
+
+
+def test_a_second_encoder_under_a_standing_verdict_reuses_the_first_ones_encoding(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A route's renderer and a backend's tokenizer check (or two routes) of one model build its
+    tiktoken encoding once per process: the second gets the same encoding, not a new plan."""
+    import responses_cache.tokens.hf_tiktoken as hf_tiktoken
+
+    js = build_tokenizer("llama3")
+    tok = tokenizers.Tokenizer.from_str(js)
+    first = fast_encoder(js, tok, cache_dir=tmp_path)
+    assert isinstance(first, FastEncoder)
+    plans: list[object] = []
+    real_plan = hf_tiktoken.plan
+    monkeypatch.setattr(hf_tiktoken, "plan", lambda *a, **k: plans.append(a) or real_plan(*a, **k))
+    first.refused = 3
+    second = fast_encoder(js, tok, cache_dir=tmp_path)
+    assert isinstance(second, FastEncoder)
+    assert second.encoding is first.encoding and plans == []
+    assert second.refused == 0  # its own counter
+    # Not cached on disk: built (and checked) every time.
+    assert fast_encoder(js, tok, cache_dir=None) is not None and len(plans) == 1
