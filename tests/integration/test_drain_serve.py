@@ -7,6 +7,7 @@ every usage record delivered."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
+from openai import APIError, AsyncOpenAI
 
 from responses_cache.testing import ServeProcess, serve_in_process
 
@@ -108,22 +109,33 @@ def test_a_turn_past_the_deadline_is_cut_and_billed_and_a_second_signal_is_immed
     server, ledger = _serve(tmp_path, tokens_per_s=10.0, answer_tokens=400, drain_s=1.0)
     try:
 
-        async def cut() -> tuple[str, int]:
+        async def cut() -> tuple[str, int, str, list[str]]:
             client = AsyncOpenAI(base_url=server.http_url, api_key=KEY, max_retries=0)
+            # An SSE stream and a WebSocket turn, both mid-answer when the signal comes.
+            stream = await client.responses.create(model="sim-1", input="long too", stream=True)
+            sse_events = aiter(stream)
+            sse_created = await anext(sse_events)
+            assert sse_created.type == "response.created"
             async with client.responses.connect() as conn:
                 await conn.response.create(model="sim-1", input="long")
                 created = (await _until(conn, "response.created"))[-1].response.id
                 server.proc.send_signal(signal.SIGTERM)
+                sse_types: list[str] = []
+                with contextlib.suppress(httpx.HTTPError, APIError):  # the stream cut: an incomplete body
+                    async for event in sse_events:
+                        sse_types.append(event.type)
                 types = [event.type async for event in conn]
                 assert not {"response.completed", "response.failed"} & set(types)
-                return created, conn._connection.close_code
+                return created, conn._connection.close_code, sse_created.response.id, sse_types
 
         signalled = time.monotonic()
-        response_id, code = asyncio.run(cut())
+        response_id, code, sse_id, sse_types = asyncio.run(cut())
         assert code == 1001
+        assert "response.output_text.delta" in sse_types  # it kept streaming until the deadline
+        assert not {"response.completed", "response.failed", "response.incomplete"} & set(sse_types)
         assert _wait_exit(server, 20) == 0
         assert time.monotonic() - signalled < 10
-        assert _billed(ledger) == {response_id: "cancelled"}
+        assert _billed(ledger) == {response_id: "cancelled", sse_id: "cancelled"}
     finally:
         server.kill()
 
