@@ -8,6 +8,7 @@ databases. No binary is a failure, never a skip."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from benchmarks.suite.redisproc import (
     node_clients,
     sync_client,
 )
+from tests.store.deployment import Deployment
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +87,22 @@ def single_redis_url(redis_server: str) -> str:
 def redis_url(request: pytest.FixtureRequest) -> str:
     """An empty database 0 on the session's server, then the empty 3-node cluster."""
     return deployment_url(request, request.param)
+
+
+@pytest.fixture
+def tokens_per_s() -> float:
+    """The simulated engine's decode rate (a test parametrizes it to slow its answers down)."""
+    return 200.0
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, single_redis_url: str, tokens_per_s: float) -> Iterator[Deployment]:
+    deployment = Deployment(tmp_path, single_redis_url, tokens_per_s=tokens_per_s)
+    try:
+        for index in (0, 1):
+            deployment.start(index, wait=False)
+        for server in deployment.processes:
+            server.wait_ready()
+        yield deployment
+    finally:
+        deployment.stop()

@@ -1,133 +1,48 @@
-"""Issue #36, a real proxy: Debian's nginx, configured as ``docs/deploy.md`` ships it
-(``docs/nginx/responses-cache.conf``), in front of two ``responses-cache serve`` processes that
-share one Redis, driven by the official SDK: a WebSocket tool loop and an SSE stream through it,
-the idle timeout that decides whether an agent's connection survives its thinking time, and a
-rolling restart of both processes under agent-style clients that lose no turn, no conversation
-and no usage record."""
+"""Issue #36, a real proxy: Debian's nginx and HAProxy, each configured as ``docs/deploy.md``
+ships it (``docs/nginx/responses-cache.conf``, ``docs/haproxy/responses-cache.cfg``), in front of
+two ``responses-cache serve`` processes that share one Redis, driven by the official SDK: a
+WebSocket tool loop and an SSE stream through it, and a rolling restart of both processes under
+agent-style clients that lose no turn, no conversation and no usage record; through nginx also
+the idle timeout that decides whether an agent's connection survives its thinking time, and the
+real Codex CLI through a rolling restart."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import re
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from websockets.exceptions import ConnectionClosed
 
-from responses_cache.testing import ServeProcess, free_port, serve_in_process, wait_for
+from responses_cache.testing import wait_for
 from tests.codex_cli import codex_binary, codex_environment
-from tests.store.nginx_proxy import SITE, NginxProcess, nginx_binary
+from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
+from tests.store.proxies import (
+    HAPROXY_CONFIG,
+    SITE,
+    HAProxyProcess,
+    NginxProcess,
+    ProxyProcess,
+    binary,
+)
 
 pytestmark = [pytest.mark.subprocess]
 
-KEY = "sk-proxy"
-MODEL = "sim-1"
-SEALING_KEY = base64.b64encode(bytes(range(32))).decode()
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"cmd": {"type": "string"}},
-            "required": ["cmd"],
-        },
-    }
-]
-NGINX = nginx_binary()
+NGINX = binary("nginx")
+HAPROXY = binary("haproxy")
 needs_nginx = pytest.mark.skipif(
     NGINX is None, reason="no nginx binary (Debian: apt-get install nginx; .ci/run installs it)"
 )
-
-
-@dataclass
-class Deployment:
-    """Two ``serve`` processes on fixed ports (so a restarted one is the same upstream), sharing a
-    Redis store and a sealing key, each writing usage records to a JSONL file per start."""
-
-    tmp: Path
-    store: str
-    tokens_per_s: float
-    ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
-    processes: list[ServeProcess] = field(default_factory=list)
-    ledgers: list[Path] = field(default_factory=list)
-
-    def start(self, index: int, *, wait: bool = True) -> ServeProcess:
-        settings = self.tmp / "serve.toml"
-        settings.write_text(
-            f"[backend_options]\noutput_tokens_per_s = {self.tokens_per_s}\nanswer_tokens = 24\n"
-        )
-        ledger = self.tmp / f"usage-{index}-{len(self.ledgers)}.jsonl"
-        self.ledgers.append(ledger)
-        server = serve_in_process(
-            "--port",
-            str(self.ports[index]),  # the last --port wins: the upstream nginx knows
-            "--config",
-            str(settings),
-            "--api-key",
-            KEY,
-            "--store",
-            self.store,
-            "--billing-jsonl",
-            str(ledger),
-            "--drain-timeout-s",
-            "30",
-            env={**os.environ, "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY},
-            log=self.tmp / f"serve-{index}-{len(self.ledgers)}.log",
-            wait=False,
-        )
-        server.port = self.ports[index]
-        if wait:
-            server.wait_ready()
-        if index < len(self.processes):
-            self.processes[index] = server
-        else:
-            self.processes.append(server)
-        return server
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            json.loads(line)
-            for path in self.ledgers
-            if path.exists()
-            for line in path.read_text().splitlines()
-        ]
-
-    def stop(self) -> None:
-        for server in self.processes:
-            server.kill()
-
-
-@pytest.fixture
-def tokens_per_s() -> float:
-    """The simulated engine's decode rate (a test parametrizes it to slow its answers down)."""
-    return 200.0
-
-
-@pytest.fixture
-def deployment(tmp_path: Path, single_redis_url: str, tokens_per_s: float) -> Iterator[Deployment]:
-    if NGINX is None:
-        pytest.skip("no nginx binary")
-    deployment = Deployment(tmp_path, single_redis_url, tokens_per_s=tokens_per_s)
-    try:
-        for index in (0, 1):
-            deployment.start(index, wait=False)
-        for server in deployment.processes:
-            server.wait_ready()
-        yield deployment
-    finally:
-        deployment.stop()
+needs_haproxy = pytest.mark.skipif(
+    HAPROXY is None, reason="no haproxy binary (Debian: apt-get install haproxy; .ci/run installs it)"
+)
 
 
 @pytest.fixture
@@ -137,107 +52,30 @@ def nginx(tmp_path: Path, deployment: Deployment) -> Iterator[NginxProcess]:
         yield proxy
 
 
-def _code(event: Any) -> str | None:
-    dumped: dict[str, Any] = event.model_dump()
-    error = dumped.get("error") or {}
-    code = error.get("code") if isinstance(error, dict) else None
-    found = code or dumped.get("code")
-    return str(found) if found is not None else None
+@pytest.fixture(params=[pytest.param("nginx", marks=needs_nginx), pytest.param("haproxy", marks=needs_haproxy)])
+def proxy(request: pytest.FixtureRequest, tmp_path: Path, deployment: Deployment) -> Iterator[ProxyProcess]:
+    """Each proxy, as shipped, in front of the deployment's two processes."""
+    started: ProxyProcess
+    if request.param == "nginx":
+        assert NGINX is not None
+        started = NginxProcess(NGINX, tmp_path / "nginx", deployment.ports)
+    else:
+        assert HAPROXY is not None
+        started = HAProxyProcess(HAPROXY, tmp_path / "haproxy", deployment.ports)
+    with started:
+        yield started
 
 
-async def _terminal(conn: Any) -> Any | None:
-    """The turn's final ``response`` (a failure raises); None when the connection went away
-    before it (closed, or the drain's ``websocket_connection_limit_reached``)."""
-    try:
-        async for event in conn:
-            if event.type == "response.completed":
-                return event.response
-            if event.type in ("response.failed", "response.incomplete"):
-                raise AssertionError(f"turn ended {event.type}: {event.model_dump()}")
-            if event.type == "error":
-                if _code(event) == "websocket_connection_limit_reached":
-                    return None
-                raise AssertionError(f"error event: {event.model_dump()}")
-    except ConnectionClosed:
-        return None
-    return None
-
-
-@dataclass
-class Agent:
-    """A coding agent over WebSocket mode: each user turn asks for a command, gets the call,
-    sends the command's output, gets the answer; ``store: true``, chained by
-    ``previous_response_id``. On a close it reconnects once and sends the same turn again."""
-
-    client: AsyncOpenAI
-    name: str
-    completed: list[str] = field(default_factory=list)
-    reconnects: int = 0
-    previous: str | None = None
-    turns: int = 0
-
-    async def turn(self, conn: Any, input: Any) -> tuple[Any, Any]:
-        for attempt in (0, 1):
-            response = None
-            try:
-                await conn.response.create(
-                    model=MODEL,
-                    input=input,
-                    tools=TOOLS,
-                    store=True,
-                    previous_response_id=self.previous,
-                )
-                response = await _terminal(conn)
-            except ConnectionClosed:
-                pass
-            if response is not None:
-                self.completed.append(response.id)
-                self.previous = response.id
-                return conn, response
-            assert attempt == 0, f"{self.name}: the turn failed again after its one reconnect"
-            self.reconnects += 1
-            await conn.close()
-            conn = await self.client.responses.connect().enter()
-        raise AssertionError("unreachable")
-
-    async def run(self, stop: asyncio.Event, min_turns: int) -> None:
-        conn = await self.client.responses.connect().enter()
-        try:
-            while self.turns < min_turns or not stop.is_set():
-                user = [
-                    {
-                        "role": "user",
-                        "content": f"{self.name} turn {self.turns}: run `ls -{self.turns}`",
-                    }
-                ]
-                conn, called = await self.turn(conn, user)
-                call = next(item for item in called.output if item.type == "function_call")
-                output = [
-                    {
-                        "type": "function_call_output",
-                        "call_id": call.call_id,
-                        "output": f"file{self.turns}\n",
-                    }
-                ]
-                conn, answered = await self.turn(conn, output)
-                assert f"file{self.turns}" in answered.output_text
-                self.turns += 1
-                await asyncio.sleep(0.02)  # thinking
-        finally:
-            await conn.close()
-
-
-@needs_nginx
-def test_the_documented_config_is_the_one_tested() -> None:
+@pytest.mark.parametrize(("language", "config"), [("nginx", SITE), ("haproxy", HAPROXY_CONFIG)])
+def test_the_documented_config_is_the_one_tested(language: str, config: Path) -> None:
     deploy = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
-    blocks = re.findall(r"```nginx\n(.*?)```", deploy, re.S)
-    assert SITE.read_text() in blocks
+    blocks = re.findall(rf"```{language}\n(.*?)```", deploy, re.S)
+    assert config.read_text() in blocks
 
 
-@needs_nginx
-def test_a_websocket_tool_loop_through_nginx(nginx: NginxProcess, deployment: Deployment) -> None:
+def test_a_websocket_tool_loop_through_a_proxy(proxy: ProxyProcess, deployment: Deployment) -> None:
     async def tool_loop() -> Agent:
-        agent = Agent(AsyncOpenAI(base_url=f"{nginx.url}/v1", api_key=KEY, max_retries=0), "solo")
+        agent = Agent(AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0), "solo")
         stop = asyncio.Event()
         stop.set()
         await agent.run(stop, min_turns=3)
@@ -247,7 +85,7 @@ def test_a_websocket_tool_loop_through_nginx(nginx: NginxProcess, deployment: De
     assert agent.turns == 3 and agent.reconnects == 0 and len(agent.completed) == 6
     # Round robin put the new connection's turns on one process; the conversation is in Redis,
     # so a plain HTTP request (on either) continues it.
-    client = OpenAI(base_url=f"{nginx.url}/v1", api_key=KEY, max_retries=0)
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
     for _ in range(2):
         after = client.responses.create(
             model=MODEL, input="and now?", previous_response_id=agent.previous
@@ -256,12 +94,9 @@ def test_a_websocket_tool_loop_through_nginx(nginx: NginxProcess, deployment: De
     wait_for(lambda: len(deployment.records()) == 8, "a usage record for each of the 8 turns")
 
 
-@needs_nginx
 @pytest.mark.parametrize("tokens_per_s", [20.0])
-def test_an_sse_stream_through_nginx_arrives_as_it_is_written(
-    nginx: NginxProcess, deployment: Deployment
-) -> None:
-    client = OpenAI(base_url=f"{nginx.url}/v1", api_key=KEY, max_retries=0)
+def test_an_sse_stream_through_a_proxy_arrives_as_it_is_written(proxy: ProxyProcess, deployment: Deployment) -> None:
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
     arrivals: list[float] = []
     with client.responses.stream(model=MODEL, input="stream me") as stream:
         for event in stream:
@@ -288,7 +123,7 @@ def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
             conn = await client.responses.connect().enter()
             try:
                 await conn.response.create(model=MODEL, input="first", store=True)
-                first = await _terminal(conn)
+                first = await terminal(conn)
                 assert first is not None
                 await asyncio.sleep(3.0)  # the agent thinks
                 try:
@@ -297,7 +132,7 @@ def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
                     )
                 except ConnectionClosed:
                     return None
-                second = await _terminal(conn)
+                second = await terminal(conn)
                 return None if second is None else str(second.id)
             finally:
                 await conn.close()
@@ -310,13 +145,12 @@ def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
     assert cut is None
 
 
-@needs_nginx
 @pytest.mark.timeout(90)
-def test_a_rolling_restart_behind_nginx_loses_no_turn_conversation_or_record(
-    nginx: NginxProcess, deployment: Deployment
+def test_a_rolling_restart_behind_a_proxy_loses_no_turn_conversation_or_record(
+    proxy: ProxyProcess, deployment: Deployment
 ) -> None:
     async def scenario() -> list[Agent]:
-        client = AsyncOpenAI(base_url=f"{nginx.url}/v1", api_key=KEY, max_retries=2)
+        client = AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=2)
         agents = [Agent(client, f"agent{i}") for i in range(4)]
         stop = asyncio.Event()
         runs = asyncio.gather(*(agent.run(stop, min_turns=2) for agent in agents))
@@ -337,6 +171,7 @@ def test_a_rolling_restart_behind_nginx_loses_no_turn_conversation_or_record(
                 assert "Traceback" not in old.output()
                 await until_each_did(2)  # on the other process meanwhile
                 await asyncio.to_thread(deployment.start, index)
+                await asyncio.sleep(proxy.settle_s)  # the proxy's health check sees it ready
             await until_each_did(1)
         finally:
             stop.set()
@@ -357,11 +192,11 @@ def test_a_rolling_restart_behind_nginx_loses_no_turn_conversation_or_record(
     assert set(ids) == set(completed)
     assert {record["status"] for record in records} == {"completed"}
     # No conversation lost: each agent's last response still holds its first turn (a store read
-    # on a fresh process, through nginx).
+    # on a fresh process, through the proxy).
     restarted = [deployment.start(0, wait=False), deployment.start(1, wait=False)]
     for server in restarted:
         server.wait_ready()
-    client = OpenAI(base_url=f"{nginx.url}/v1", api_key=KEY)
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY)
     for agent in agents:
         assert agent.previous is not None
         items = list(client.responses.input_items.list(agent.previous, order="asc", limit=100))
@@ -382,10 +217,10 @@ def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
     through nginx, lands on a process that never saw the conversation, and finishes the task
     there (the conversation is in the shared store) — over WebSocket still, no turn failed,
     one usage record per response."""
-    binary = codex_binary()
+    cli = codex_binary()
     marker = "hello-from-a-restart"
     command = f"sleep 6; echo {marker}"
-    codex = _start_codex(binary, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.")
+    codex = _start_codex(cli, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.")
     try:
         wait_for(lambda: _running(command), "Codex running the task's command", timeout=60)
         for index in (0, 1):

@@ -1,0 +1,180 @@
+"""What the tests behind a real proxy share (``test_behind_a_proxy.py``, and the faults' tests):
+two ``responses-cache serve`` processes sharing a Redis store (:class:`Deployment`) and a coding
+agent over WebSocket mode that reconnects once on a close (:class:`Agent`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosed
+
+from responses_cache.testing import ServeProcess, free_port, serve_in_process
+
+KEY = "sk-proxy"
+MODEL = "sim-1"
+SEALING_KEY = base64.b64encode(bytes(range(32))).decode()
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+        },
+    }
+]
+@dataclass
+class Deployment:
+    """Two ``serve`` processes on fixed ports (so a restarted one is the same upstream), sharing a
+    Redis store and a sealing key, each writing usage records to a JSONL file per start."""
+
+    tmp: Path
+    store: str
+    tokens_per_s: float
+    ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
+    processes: list[ServeProcess] = field(default_factory=list)
+    ledgers: list[Path] = field(default_factory=list)
+
+    def start(self, index: int, *, wait: bool = True) -> ServeProcess:
+        settings = self.tmp / "serve.toml"
+        settings.write_text(
+            f"[backend_options]\noutput_tokens_per_s = {self.tokens_per_s}\nanswer_tokens = 24\n"
+        )
+        ledger = self.tmp / f"usage-{index}-{len(self.ledgers)}.jsonl"
+        self.ledgers.append(ledger)
+        server = serve_in_process(
+            "--port",
+            str(self.ports[index]),  # the last --port wins: the upstream nginx knows
+            "--config",
+            str(settings),
+            "--api-key",
+            KEY,
+            "--store",
+            self.store,
+            "--billing-jsonl",
+            str(ledger),
+            "--drain-timeout-s",
+            "30",
+            env={**os.environ, "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY},
+            log=self.tmp / f"serve-{index}-{len(self.ledgers)}.log",
+            wait=False,
+        )
+        server.port = self.ports[index]
+        if wait:
+            server.wait_ready()
+        if index < len(self.processes):
+            self.processes[index] = server
+        else:
+            self.processes.append(server)
+        return server
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            json.loads(line)
+            for path in self.ledgers
+            if path.exists()
+            for line in path.read_text().splitlines()
+        ]
+
+    def stop(self) -> None:
+        for server in self.processes:
+            server.kill()
+
+
+def error_code(event: Any) -> str | None:
+    dumped: dict[str, Any] = event.model_dump()
+    error = dumped.get("error") or {}
+    code = error.get("code") if isinstance(error, dict) else None
+    found = code or dumped.get("code")
+    return str(found) if found is not None else None
+
+
+async def terminal(conn: Any) -> Any | None:
+    """The turn's final ``response`` (a failure raises); None when the connection went away
+    before it (closed, or the drain's ``websocket_connection_limit_reached``)."""
+    try:
+        async for event in conn:
+            if event.type == "response.completed":
+                return event.response
+            if event.type in ("response.failed", "response.incomplete"):
+                raise AssertionError(f"turn ended {event.type}: {event.model_dump()}")
+            if event.type == "error":
+                if error_code(event) == "websocket_connection_limit_reached":
+                    return None
+                raise AssertionError(f"error event: {event.model_dump()}")
+    except ConnectionClosed:
+        return None
+    return None
+
+
+@dataclass
+class Agent:
+    """A coding agent over WebSocket mode: each user turn asks for a command, gets the call,
+    sends the command's output, gets the answer; ``store: true``, chained by
+    ``previous_response_id``. On a close it reconnects once and sends the same turn again."""
+
+    client: AsyncOpenAI
+    name: str
+    completed: list[str] = field(default_factory=list)
+    reconnects: int = 0
+    previous: str | None = None
+    turns: int = 0
+
+    async def turn(self, conn: Any, input: Any) -> tuple[Any, Any]:
+        for attempt in (0, 1):
+            response = None
+            try:
+                await conn.response.create(
+                    model=MODEL,
+                    input=input,
+                    tools=TOOLS,
+                    store=True,
+                    previous_response_id=self.previous,
+                )
+                response = await terminal(conn)
+            except ConnectionClosed:
+                pass
+            if response is not None:
+                self.completed.append(response.id)
+                self.previous = response.id
+                return conn, response
+            assert attempt == 0, f"{self.name}: the turn failed again after its one reconnect"
+            self.reconnects += 1
+            await conn.close()
+            conn = await self.client.responses.connect().enter()
+        raise AssertionError("unreachable")
+
+    async def run(self, stop: asyncio.Event, min_turns: int) -> None:
+        conn = await self.client.responses.connect().enter()
+        try:
+            while self.turns < min_turns or not stop.is_set():
+                user = [
+                    {
+                        "role": "user",
+                        "content": f"{self.name} turn {self.turns}: run `ls -{self.turns}`",
+                    }
+                ]
+                conn, called = await self.turn(conn, user)
+                call = next(item for item in called.output if item.type == "function_call")
+                output = [
+                    {
+                        "type": "function_call_output",
+                        "call_id": call.call_id,
+                        "output": f"file{self.turns}\n",
+                    }
+                ]
+                conn, answered = await self.turn(conn, output)
+                assert f"file{self.turns}" in answered.output_text
+                self.turns += 1
+                await asyncio.sleep(0.02)  # thinking
+        finally:
+            await conn.close()
