@@ -1,4 +1,4 @@
-"""What the tests behind a real proxy share (``test_behind_a_proxy.py``, and the faults' tests):
+"""What the tests behind a real proxy share (``test_behind_a_proxy.py``):
 two ``responses-cache serve`` processes sharing a Redis store (:class:`Deployment`) and a coding
 agent over WebSocket mode that reconnects once on a close (:class:`Agent`)."""
 
