@@ -5,6 +5,7 @@ role). Patch or extend the module itself, not this one."""
 
 from .backends.engines import (
     ACCEPTED,
+    JSON_CONTENT_TYPE,
     RETRYABLE_STATUS,
     Accepted,
     EngineUnavailable,
@@ -12,6 +13,8 @@ from .backends.engines import (
     body_message,
     finish_error,
     http_error,
+    json_body,
+    json_chunk,
     message_of,
     refusal,
     retry_after,
@@ -22,6 +25,7 @@ from .backends.engines import (
 
 __all__ = [
     "ACCEPTED",
+    "JSON_CONTENT_TYPE",
     "RETRYABLE_STATUS",
     "Accepted",
     "EngineUnavailable",
@@ -29,6 +33,8 @@ __all__ = [
     "body_message",
     "finish_error",
     "http_error",
+    "json_body",
+    "json_chunk",
     "message_of",
     "refusal",
     "retry_after",

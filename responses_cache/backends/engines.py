@@ -18,6 +18,9 @@
 * :data:`ACCEPTED`, :func:`until_accepted`, :func:`without_marker`: a backend's stream marks
   where the engine accepted the request; ``open_stream`` waits for the mark (a failure before it
   is a :func:`refusal`), ``generate`` streams past it.
+* :func:`json_body` and :func:`json_chunk`: a request's JSON body and a streamed chunk's JSON,
+  with msgspec (a token-id prompt of 30k ids encodes in ~0.15 ms, against ~2.5 ms with the
+  standard library's encoder that httpx's ``json=`` uses; every streamed token's chunk is parsed).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import json
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
+
+import msgspec
 
 from ..engine_events import BackendEvent
 from ..protocol.errors import ResponsesError
@@ -187,3 +192,27 @@ def finish_error(reason: str, detail: str = "") -> BackendError:
         "error": "the engine reported an error during generation",
     }.get(reason, f"the engine ended generation with finish_reason {reason!r}")
     return BackendError(f"{what}{': ' + detail if detail else ''}", "server_error")
+
+
+#: The request header that goes with :func:`json_body`.
+JSON_CONTENT_TYPE = {"Content-Type": "application/json"}
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def json_body(body: Mapping[str, Any]) -> bytes:
+    """``body`` as JSON, for ``httpx``'s ``content=`` with :data:`JSON_CONTENT_TYPE`."""
+    return _encode(body)
+
+
+def json_chunk(data: str, engine: str) -> Any:
+    """A streamed chunk's JSON; :class:`BackendError` (``server_error``) when it is not JSON.
+    What msgspec refuses and the standard library takes (``NaN``, ``Infinity``) is read too."""
+    try:
+        return _decode(data)
+    except msgspec.DecodeError:
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise BackendError(f"{engine} sent a malformed chunk: {data[:200]!r}", "server_error") from exc
+

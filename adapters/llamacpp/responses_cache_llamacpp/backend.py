@@ -46,12 +46,15 @@ from responses_cache import (
 )
 from responses_cache.engines import (
     ACCEPTED,
+    JSON_CONTENT_TYPE,
     RETRYABLE_STATUS,
     Accepted,
     EngineUnavailable,
     IncrementalDecoder,
     body_message,
     http_error,
+    json_body,
+    json_chunk,
     stream_error,
     until_accepted,
     without_marker,
@@ -345,7 +348,8 @@ class LlamaCppBackend:
         slot = server.slots.acquire(outcome.request.affinity_key)
         try:
             body = self.body(outcome.request, ids, slot)
-            async with self._client.stream("POST", url + "/completion", json=body, headers=headers) as response:
+            content, headers = json_body(body), {**headers, **JSON_CONTENT_TYPE}
+            async with self._client.stream("POST", url + "/completion", content=content, headers=headers) as response:
                 if response.status_code != 200:
                     raise self._refused(response.status_code, await response.aread(), response.headers)
                 self.replicas.mark_up(url)
@@ -353,10 +357,7 @@ class LlamaCppBackend:
                 async for sse in EventSource(response).aiter_sse():
                     if not sse.data:
                         continue
-                    try:
-                        chunk = json.loads(sse.data)
-                    except ValueError as exc:
-                        raise BackendError(f"llama-server sent a malformed chunk: {sse.data[:200]!r}", "server_error") from exc
+                    chunk = json_chunk(sse.data, "llama-server")
                     if "error" in chunk:
                         raise stream_error(chunk)
                     new = [int(t) for t in chunk.get("tokens") or ()]

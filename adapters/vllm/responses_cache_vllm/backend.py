@@ -47,6 +47,7 @@ from responses_cache import (
 )
 from responses_cache.engines import (
     ACCEPTED,
+    JSON_CONTENT_TYPE,
     RETRYABLE_STATUS,
     Accepted,
     EngineUnavailable,
@@ -54,6 +55,8 @@ from responses_cache.engines import (
     body_message,
     finish_error,
     http_error,
+    json_body,
+    json_chunk,
     until_accepted,
     without_marker,
 )
@@ -452,7 +455,8 @@ class EngineBackend:
         decoder = IncrementalDecoder(outcome.renderer.encoding)
         mode: str | None = None  # "ids": decode sampled ids here; "text": the engine's text
         try:
-            async with self._client.stream("POST", url + dialect.path, json=body, headers=outcome.headers) as response:
+            content, headers = json_body(body), {**outcome.headers, **JSON_CONTENT_TYPE}
+            async with self._client.stream("POST", url + dialect.path, content=content, headers=headers) as response:
                 if response.status_code != 200:
                     error = http_error(response.status_code, await response.aread(), response.headers)
                     if response.status_code in RETRYABLE_STATUS:
@@ -466,10 +470,7 @@ class EngineBackend:
                 async for sse in EventSource(response).aiter_sse():
                     if sse.data == "[DONE]":
                         break
-                    try:
-                        payload = json.loads(sse.data)
-                    except ValueError as exc:
-                        raise BackendError(f"the engine sent a malformed chunk: {sse.data[:200]!r}", "server_error") from exc
+                    payload = json_chunk(sse.data, "the engine")
                     step = reader.read(payload)
                     for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
                         if getattr(step, name) is not None:
