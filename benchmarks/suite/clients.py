@@ -1,8 +1,9 @@
 """Benchmark clients over loopback: WebSocket mode (``websockets``) and HTTP + SSE (``httpx``).
 
 Each client sends one ``response.create`` body and returns a :class:`TurnTiming` with the time to
-the first server event (``response.created``: everything the server does before generation) and
-to the terminal event. Bodies are encoded before the clock starts; events are only probed for
+the first server event (``response.created``: everything the server does before generation), to
+the first ``response.output_text.delta`` (the first output token a user sees) and to the terminal
+event. Bodies are encoded before the clock starts; events are only probed for
 their ``type`` (the terminal event is decoded in full), so client-side parsing stays small.
 """
 
@@ -21,6 +22,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 _TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+_DELTA = "response.output_text.delta"
 
 
 class _EventHead(msgspec.Struct):
@@ -41,6 +43,8 @@ class TurnTiming:
     completed_s: float
     events: int
     response: dict[str, Any]
+    #: Time to the first ``response.output_text.delta``; 0.0 when there was none.
+    first_delta_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -69,14 +73,14 @@ class TurnTiming:
         return None
 
 
-def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int) -> TurnTiming:
+def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int, delta: float = 0.0) -> TurnTiming:
     payload: dict[str, Any] = msgspec.json.decode(data)
     if kind == "error":
         raise TurnError(str(payload.get("error")))
     response: dict[str, Any] = payload["response"]
     if kind == "response.failed":
         raise TurnError(str(response.get("error")))
-    return TurnTiming(first - t0, time.perf_counter() - t0, events, response)
+    return TurnTiming(first - t0, time.perf_counter() - t0, events, response, delta - t0 if delta else 0.0)
 
 
 def ws_frame(body: dict[str, Any]) -> str:
@@ -143,7 +147,7 @@ class HTTPClient:
             if response.status_code != 200:
                 response.read()
                 raise TurnError(f"HTTP {response.status_code}: {response.text[:500]}")
-            first = 0.0
+            first = delta = 0.0
             events = 0
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -155,8 +159,10 @@ class HTTPClient:
                 events += 1
                 data = line[5:].strip()
                 kind = _probe.decode(data).type
+                if kind == _DELTA and not delta:
+                    delta = time.perf_counter()
                 if kind in _TERMINAL:
-                    return _finish(kind, data, t0, first, events)
+                    return _finish(kind, data, t0, first, events, delta)
         raise TurnError("the SSE stream ended without a terminal event")
 
     def close(self) -> None:
@@ -225,7 +231,7 @@ class SocketHTTPClient:
         if headers.get(b"transfer-encoding") != b"chunked":
             body = self._exactly(int(headers.get(b"content-length", b"0")))
             raise TurnError(f"HTTP {status}: {body[:500]!r}")
-        first = 0.0
+        first = delta = 0.0
         events = 0
         pending = b""
         result: TurnTiming | None = None
@@ -245,8 +251,10 @@ class SocketHTTPClient:
                     continue
                 events += 1
                 kind = _probe.decode(data).type
+                if kind == _DELTA and not delta:
+                    delta = time.perf_counter()
                 if kind in _TERMINAL and result is None:
-                    result = _finish(kind, data, t0, first, events)
+                    result = _finish(kind, data, t0, first, events, delta)
         if result is None:
             raise TurnError("the SSE stream ended without a terminal event")
         return result
@@ -259,7 +267,7 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
     """One turn on an asyncio ``websockets`` connection (the scale benchmark)."""
     t0 = time.perf_counter()
     await ws.send(frame)
-    first = 0.0
+    first = delta = 0.0
     events = 0
     while True:
         data = await ws.recv()
@@ -267,5 +275,7 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
             first = time.perf_counter()
         events += 1
         kind = _probe.decode(data).type
+        if kind == _DELTA and not delta:
+            delta = time.perf_counter()
         if kind in _TERMINAL:
-            return _finish(kind, data, t0, first, events)
+            return _finish(kind, data, t0, first, events, delta)
