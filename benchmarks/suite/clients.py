@@ -193,14 +193,32 @@ class SocketHTTPClient:
         rest = base_url.split("://", 1)[1]
         hostport, _, prefix = rest.partition("/")
         host, _, port = hostport.partition(":")
+        self._address = (host, int(port or 80))
         self._path = ("/" + prefix).rstrip("/") + "/responses"
-        self._sock = socket.create_connection((host, int(port or 80)), timeout=600)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = self._connect()
         self._head = (
             f"POST {self._path} HTTP/1.1\r\nhost: {hostport}\r\nauthorization: Bearer {api_key}\r\n"
             "content-type: application/json\r\naccept: text/event-stream\r\n"
         ).encode()
         self._buf = b""
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self._address, timeout=600)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _reopen_if_closed(self) -> None:
+        """Reconnect if the server closed the idle connection (its keep-alive timeout), as a
+        connection pool does before it reuses one; checked before the clock starts."""
+        try:
+            closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return
+        except OSError:
+            closed = True
+        if closed:
+            self._sock.close()
+            self._sock, self._buf = self._connect(), b""
 
     def _fill(self) -> None:
         data = self._sock.recv(1 << 20)
@@ -223,6 +241,7 @@ class SocketHTTPClient:
         return out
 
     def turn(self, content: bytes) -> TurnTiming:
+        self._reopen_if_closed()
         t0 = time.perf_counter()
         self._sock.sendall(self._head + b"content-length: %d\r\n\r\n" % len(content) + content)
         head = self._until(b"\r\n\r\n").split(b"\r\n")
