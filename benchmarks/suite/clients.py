@@ -10,6 +10,7 @@ their ``type`` (the terminal event is decoded in full), so client-side parsing s
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 from dataclasses import dataclass
@@ -211,9 +212,8 @@ class SocketHTTPClient:
         """Reconnect if the server closed the idle connection (its keep-alive timeout), as a
         connection pool does before it reuses one; checked before the clock starts."""
         try:
-            closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            closed = bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             closed = True
         if closed:
