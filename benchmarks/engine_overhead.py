@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
     parser.add_argument("--json", type=Path, help="also write the summaries here")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the engine and the server too
     sizes = [int(h) for h in args.history.split(",")]
     outputs = [int(n) for n in args.output_tokens.split(",")]
     modes = [m for m in args.modes.split(",") if m]
