@@ -28,8 +28,10 @@ greedy; vLLM's own endpoint also gets ``ignore_eos``); a turn with fewer is coun
 Each round runs one rollout per mode, turn by turn, the modes in rotating order. Reported per
 ``(H, N)`` and mode: time to done and to the first ``output_text`` delta (the first output token
 for ``direct``) of the turns after the opening, medians with their range; the serving processes'
-CPU per turn, from ``/proc/<pid>/task/*/schedstat``: *front* (vLLM's API server, plus
-``responses-cache serve`` for the network modes) and *engine* (vLLM's engine-core process); the
+CPU per turn, from ``/proc/<pid>/task/*/schedstat``: vLLM's API server (*api*: its HTTP routes,
+vLLM's own Responses API, our middleware in-process), ``responses-cache serve`` (*serve*, the
+network modes) and vLLM's engine-core processes (*engine*: the model; its threads spin, so this
+reads high and noisy); the
 rollout's wall time (its turns' times, the opening included); and each mode's ratio to ``direct``
 and to ``vllm``.
 
@@ -279,11 +281,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 class CpuMeter:
-    """The serving processes' CPU: *front* (vLLM's API server and ``responses-cache serve``) and
-    *engine* (vLLM's engine-core process and any other child of the API server)."""
+    """The serving processes' CPU: *api* (vLLM's API server), *serve* (``responses-cache serve``)
+    and *engine* (vLLM's engine-core process and any other child of the API server)."""
 
     def __init__(self, api_server: int, serve: int) -> None:
-        self.groups = {"front": [api_server, serve], "engine": _descendants(api_server)}
+        self.groups = {"api": [api_server], "serve": [serve], "engine": _descendants(api_server)}
 
     def read(self) -> dict[str, int]:
         return {name: sum(_cpu_ns(pid) for pid in pids) for name, pids in self.groups.items()}
@@ -295,8 +297,7 @@ class Record:
 
     turns: list[Turn] = field(default_factory=list)  # the turns after the openings
     openings: list[Turn] = field(default_factory=list)
-    front_ns: list[int] = field(default_factory=list)  # per turn after the opening
-    engine_ns: list[int] = field(default_factory=list)
+    cpu_ns: dict[str, list[int]] = field(default_factory=dict)  # per group, per turn after the opening
     rollouts: list[float] = field(default_factory=list)
     short: int = 0  # turns that generated fewer than N tokens
 
@@ -341,8 +342,8 @@ def measure(engine: vllmproc.VllmProcess, network: Network, fam: Family, modes: 
                     record.openings.append(result)
                     continue
                 record.turns.append(result)
-                record.front_ns.append(after["front"] - before["front"])
-                record.engine_ns.append(after["engine"] - before["engine"])
+                for group, ns in after.items():
+                    record.cpu_ns.setdefault(group, []).append(ns - before[group])
         for mode in modes:
             records[mode].rollouts.append(walls[mode])
             conversations[mode].close()
@@ -358,8 +359,7 @@ def summary(records: dict[str, Record]) -> dict[str, dict[str, Any]]:
             "turns": len(done), "short": r.short,
             "done_ms": p50(done), "done_lo": percentile(done, 10), "done_hi": percentile(done, 90),
             "first_ms": p50(first), "first_lo": percentile(first, 10), "first_hi": percentile(first, 90),
-            "front_cpu_ms": sum(r.front_ns) / max(len(r.front_ns), 1) / 1e6,
-            "engine_cpu_ms": sum(r.engine_ns) / max(len(r.engine_ns), 1) / 1e6,
+            **{f"{group}_cpu_ms": sum(ns) / max(len(ns), 1) / 1e6 for group, ns in r.cpu_ns.items()},
             "rollout_s": p50(r.rollouts), "rollout_lo": min(r.rollouts), "rollout_hi": max(r.rollouts),
             "opening_ms": p50([t.done_s * 1000 for t in r.openings]),
         }
@@ -377,7 +377,7 @@ def table_rows(fam: str, history: int, n: int, rows: dict[str, dict[str, Any]]) 
     for mode, m in rows.items():
         lines.append(
             f"| {fam} | {history // 1000}k | {n} | {mode} | {m['done_ms']:.1f} ({m['done_lo']:.0f}-{m['done_hi']:.0f}) "
-            f"| {m['first_ms']:.1f} ({m['first_lo']:.0f}-{m['first_hi']:.0f}) | {m['front_cpu_ms']:.1f} "
+            f"| {m['first_ms']:.1f} ({m['first_lo']:.0f}-{m['first_hi']:.0f}) | {m['api_cpu_ms']:.1f} | {m['serve_cpu_ms']:.1f} "
             f"| {m['engine_cpu_ms']:.1f} | {m['rollout_s']:.2f} ({m['rollout_lo']:.2f}-{m['rollout_hi']:.2f}) "
             f"| {m.get('done_x_direct', float('nan')):.2f} | {m.get('done_x_vllm', float('nan')):.2f} "
             f"| {m.get('first_x_vllm', float('nan')):.2f} | {m.get('rollout_x_vllm', float('nan')):.2f} |"
@@ -386,8 +386,8 @@ def table_rows(fam: str, history: int, n: int, rows: dict[str, dict[str, Any]]) 
 
 
 HEADER = ("| family | history | out | mode | turn done ms p50 (p10-p90) | first token ms p50 (p10-p90) "
-          "| front CPU ms/turn | engine CPU ms/turn | rollout s p50 (min-max) | done x direct | done x vllm "
-          "| first x vllm | rollout x vllm |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| api CPU ms/turn | serve CPU ms/turn | engine CPU ms/turn | rollout s p50 (min-max) | done x direct | done x vllm "
+          "| first x vllm | rollout x vllm |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     with vllmproc.started(engine), network_server(engine, fam.served, fam.template) as network:
         assert engine.pid is not None
         meter = CpuMeter(engine.pid, network.pid)
+        emit(f"<!-- vLLM API server pid {engine.pid}, responses-cache serve pid {network.pid} (for a profiler) -->")
         emit(HEADER)
         for history in sizes:
             for n in outputs:
