@@ -135,6 +135,8 @@ class Turn:
 class Conversation(Protocol):
     def turn(self, text: str) -> Turn: ...
 
+    def idle(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -174,6 +176,9 @@ class Direct:
         self.log = r.extend(self.log, [reply], sampled=sampled)
         return Turn(total, first, len(sampled))
 
+    def idle(self) -> None:
+        pass
+
     def close(self) -> None:
         self.client.close()
 
@@ -197,6 +202,9 @@ class VllmWholeHistory:
         self.items += timing.output
         return _turn(timing)
 
+    def idle(self) -> None:
+        pass
+
     def close(self) -> None:
         self.client.close()
 
@@ -218,6 +226,10 @@ class Chained:
             timing = self.client.turn(http_body({"store": True, **body}))
         self.previous = timing.id
         return _turn(timing)
+
+    def idle(self) -> None:
+        if isinstance(self.client, WSClient):
+            self.client.pump()
 
     def close(self) -> None:
         self.client.close()
@@ -332,6 +344,8 @@ def measure(engine: vllmproc.VllmProcess, network: Network, fam: Family, modes: 
             for mode in order:
                 tag = f"Rollout {round_} of {mode}, turn {k}:"
                 text = filler(renderer, history if k == 0 else new, tag)
+                for conversation in conversations.values():
+                    conversation.idle()
                 before = meter.read()
                 result = conversations[mode].turn(text)
                 after = meter.read()

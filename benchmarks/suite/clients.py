@@ -108,6 +108,7 @@ class WSClient:
                 url,
                 max_size=None,
                 compression=None,
+                ping_interval=None,  # its loop runs only during a turn: a pong would be read late
                 additional_headers={"Authorization": f"Bearer {api_key}"},
                 open_timeout=60,
             )
@@ -115,6 +116,12 @@ class WSClient:
 
     def turn(self, frame: str) -> TurnTiming:
         return self._loop.run_until_complete(ws_turn_async(self._ws, frame))
+
+    def pump(self) -> None:
+        """Run the connection's loop once, off the clock: it answers the server's keepalive pings
+        (its loop runs only during a turn, and a connection left unread through other clients'
+        long turns is closed by the server's ping timeout)."""
+        self._loop.run_until_complete(asyncio.sleep(0))
 
     def close(self) -> None:
         self._loop.run_until_complete(self._ws.close())
