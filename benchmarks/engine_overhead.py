@@ -21,10 +21,18 @@ each running its own conversations:
 (The middleware serves WebSocket only here: its HTTP ``POST`` would take over vLLM's own
 ``/v1/responses``, which ``vllm`` and ``vllm-store`` measure.)
 
-A rollout is one conversation: an opening user message of ``H`` tokens (unique per rollout, so
-each one is prefilled), then ``--turns`` turns, each a new user message of ``--new`` tokens. Every
-turn generates exactly ``N`` tokens, greedily (the tiny models never stop by themselves when
-greedy; vLLM's own endpoint also gets ``ignore_eos``); a turn with fewer is counted and reported.
+A rollout is one conversation: an opening user message of ``H`` tokens, then ``--turns`` turns,
+each a new user message of ``--new`` tokens. Every turn generates exactly ``N`` tokens, greedily
+(the tiny models never stop by themselves when greedy; vLLM's own endpoint also gets
+``ignore_eos``); a turn with fewer is counted and reported. In a round every mode sends the same
+messages (unique to the round), so that where two modes render the same prompt the greedy model
+answers them alike and the first output token comes at the same place in the answer (with a
+different conversation per mode, the random model's answer decides where its first
+``output_text`` token falls, and that, not the server, spread the first-token times over a
+second); each mode has its own prefix cache all the same: its own ``cache_salt`` (``direct``,
+``vllm``, ``vllm-store``: a request field) or its own tenant (ours salt the engine's prefix cache
+per tenant: ``serve`` gets one API key per mode, the middleware derives one from the key it
+forwards), so no mode is served from another's prefill.
 Each round runs one rollout per mode, turn by turn, the modes in rotating order. Reported per
 ``(H, N)`` and mode: time to done and to the first ``output_text`` delta (the first output token
 for ``direct``) of the turns after the opening, medians with their range; the serving processes'
@@ -80,6 +88,8 @@ from responses_cache.tokens.base import Renderer
 
 MODES = ("direct", "vllm", "vllm-store", "ws-network", "http-network", "ws-in-process")
 CONTEXT = 32768
+#: ``serve``'s API keys: one tenant, so one engine prefix-cache salt, per network mode.
+NETWORK_KEYS = {"ws-network": "sk-bench-ws-network", "http-network": "sk-bench-http-network"}
 #: Syllables of the filler text: words of two, no digits (tokenizers split digits differently).
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "pi", "du", "fe", "go")
 
@@ -155,7 +165,7 @@ class Direct:
     def turn(self, text: str) -> Turn:
         r = self.renderer
         self.log = r.extend(self.log, [Message(role="user", content=[InputText(text)])])
-        body = {"token_ids": list(r.prompt(self.log)), "stream": True,
+        body = {"token_ids": list(r.prompt(self.log)), "stream": True, "cache_salt": "direct",
                 "sampling_params": {"max_tokens": self.output_tokens, "temperature": 0, "detokenize": False,
                                     "stop_token_ids": list(r.sampling_stop_tokens), "skip_special_tokens": False}}
         sampled: list[int] = []
@@ -193,7 +203,7 @@ class VllmWholeHistory:
     def __init__(self, engine: vllmproc.VllmProcess, served: str, output_tokens: int) -> None:
         self.client = SocketHTTPClient(engine.url + "/v1")
         self.base = {"model": served, "max_output_tokens": output_tokens, "temperature": 0, "store": False,
-                     "ignore_eos": True}
+                     "ignore_eos": True, "cache_salt": "vllm"}
         self.items: list[dict[str, Any]] = []
 
     def turn(self, text: str) -> Turn:
@@ -246,8 +256,9 @@ class Network:
 def network_server(engine: vllmproc.VllmProcess, served: str, template: str) -> Iterator[Network]:
     """``responses-cache serve --backend vllm`` in front of ``engine``."""
     config = Path(tempfile.mkdtemp()) / "serve.toml"
-    config.write_text(f'backend = "vllm"\nrenderer = "{template}"\n[backend_options]\nbase_urls = ["{engine.url}"]\n'
-                      f'model = "{served}"\ntemplate = "{template}"\n')
+    keys = ", ".join(f'"{key}"' for key in NETWORK_KEYS.values())
+    config.write_text(f'backend = "vllm"\nrenderer = "{template}"\napi_keys = [{keys}]\n[backend_options]\n'
+                      f'base_urls = ["{engine.url}"]\nmodel = "{served}"\ntemplate = "{template}"\n')
     port = _free_port()
     binary = Path(sys.executable).parent / "responses-cache"
     proc = subprocess.Popen([str(binary), "serve", "--config", str(config), "--port", str(port)],
@@ -256,7 +267,9 @@ def network_server(engine: vllmproc.VllmProcess, served: str, template: str) -> 
         deadline = time.monotonic() + 120
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200:
+                answer = httpx.get(f"http://127.0.0.1:{port}/v1/models",
+                                   headers={"Authorization": f"Bearer {NETWORK_KEYS['ws-network']}"})
+                if answer.status_code == 200:
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("responses-cache serve did not start")
@@ -320,11 +333,11 @@ def clients(mode: str, engine: vllmproc.VllmProcess, network: Network, fam: Fami
     if mode == "vllm":
         return VllmWholeHistory(engine, fam.served, n)
     if mode == "vllm-store":
-        return Chained(SocketHTTPClient(engine.url + "/v1"), fam.served, n, ignore_eos=True)
+        return Chained(SocketHTTPClient(engine.url + "/v1"), fam.served, n, ignore_eos=True, cache_salt="vllm-store")
     if mode == "ws-network":
-        return Chained(WSClient(network.ws_url), fam.served, n)
+        return Chained(WSClient(network.ws_url, NETWORK_KEYS[mode]), fam.served, n)
     if mode == "http-network":
-        return Chained(SocketHTTPClient(network.http_url), fam.served, n)
+        return Chained(SocketHTTPClient(network.http_url, NETWORK_KEYS[mode]), fam.served, n)
     if mode == "ws-in-process":
         return Chained(WSClient(engine.ws_url), fam.served, n)
     raise ValueError(mode)
@@ -342,7 +355,7 @@ def measure(engine: vllmproc.VllmProcess, network: Network, fam: Family, modes: 
             order = list(modes[step % len(modes):]) + list(modes[:step % len(modes)])
             step += 1
             for mode in order:
-                tag = f"Rollout {round_} of {mode}, turn {k}:"
+                tag = f"Rollout {round_} of {history}/{n}, turn {k}:"
                 text = filler(renderer, history if k == 0 else new, tag)
                 for conversation in conversations.values():
                     conversation.idle()
