@@ -26,16 +26,17 @@ each a new user message of ``--new`` tokens. Every turn generates exactly ``N`` 
 (the tiny models never stop by themselves when greedy; vLLM's own endpoint also gets
 ``ignore_eos``); a turn with fewer is counted and reported. In a round every mode sends the same
 messages (unique to the round), so that where two modes render the same prompt the greedy model
-answers them alike and the first output token comes at the same place in the answer (with a
-different conversation per mode, the random model's answer decides where its first
-``output_text`` token falls, and that, not the server, spread the first-token times over a
+answers them alike (with a different conversation per mode, the random model's answer decided
+where its first token fell, and that, not the server, spread the first-token times over a
 second); each mode has its own prefix cache all the same: its own ``cache_salt`` (``direct``,
 ``vllm``, ``vllm-store``: a request field) or its own tenant (ours salt the engine's prefix cache
 per tenant: ``serve`` gets one API key per mode, the middleware derives one from the key it
 forwards), so no mode is served from another's prefill.
 Each round runs one rollout per mode, turn by turn, the modes in rotating order. Reported per
-``(H, N)`` and mode: time to done and to the first ``output_text`` delta (the first output token
-for ``direct``) of the turns after the opening, medians with their range; the serving processes'
+``(H, N)`` and mode: time to done and to the first output token of the turns after the opening,
+medians with their range (the first token: the first delta event of any kind, reasoning included,
+as the renderers' and vLLM's parsers differ on what of a random model's answer is reasoning; for
+``direct`` the first token sampled, after harmony's ``<|message|>``); the serving processes'
 CPU per turn, from ``/proc/<pid>/task/*/schedstat``: vLLM's API server (*api*: its HTTP routes,
 vLLM's own Responses API, our middleware in-process), ``responses-cache serve`` (*serve*, the
 network modes) and vLLM's engine-core processes (*engine*: the model; its threads spin, so this
@@ -194,7 +195,7 @@ class Direct:
 
 
 def _turn(timing: TurnTiming) -> Turn:
-    return Turn(timing.completed_s, timing.first_delta_s, timing.output_tokens)
+    return Turn(timing.completed_s, timing.first_output_s, timing.output_tokens)
 
 
 class VllmWholeHistory:

@@ -2,8 +2,9 @@
 
 Each client sends one ``response.create`` body and returns a :class:`TurnTiming` with the time to
 the first server event (``response.created``: everything the server does before generation), to
-the first ``response.output_text.delta`` (the first output token a user sees) and to the terminal
-event. Bodies are encoded before the clock starts; events are only probed for
+the first ``response.output_text.delta`` (the first output token a user sees), to the first delta
+of any kind (text, reasoning, tool-call arguments: the first generated token, wherever the model's
+parser put it) and to the terminal event. Bodies are encoded before the clock starts; events are only probed for
 their ``type`` (the terminal event is decoded in full), so client-side parsing stays small.
 """
 
@@ -46,6 +47,8 @@ class TurnTiming:
     response: dict[str, Any]
     #: Time to the first ``response.output_text.delta``; 0.0 when there was none.
     first_delta_s: float = 0.0
+    #: Time to the first ``*.delta`` event of any kind; 0.0 when there was none.
+    first_output_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -74,14 +77,18 @@ class TurnTiming:
         return None
 
 
-def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int, delta: float = 0.0) -> TurnTiming:
+def _finish(
+    kind: str, data: bytes | str, t0: float, first: float, events: int, delta: float = 0.0, output: float = 0.0
+) -> TurnTiming:
     payload: dict[str, Any] = msgspec.json.decode(data)
     if kind == "error":
         raise TurnError(str(payload.get("error")))
     response: dict[str, Any] = payload["response"]
     if kind == "response.failed":
         raise TurnError(str(response.get("error")))
-    return TurnTiming(first - t0, time.perf_counter() - t0, events, response, delta - t0 if delta else 0.0)
+    return TurnTiming(
+        first - t0, time.perf_counter() - t0, events, response, delta - t0 if delta else 0.0, output - t0 if output else 0.0
+    )
 
 
 def ws_frame(body: dict[str, Any]) -> str:
@@ -155,7 +162,7 @@ class HTTPClient:
             if response.status_code != 200:
                 response.read()
                 raise TurnError(f"HTTP {response.status_code}: {response.text[:500]}")
-            first = delta = 0.0
+            first = delta = output = 0.0
             events = 0
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -167,10 +174,12 @@ class HTTPClient:
                 events += 1
                 data = line[5:].strip()
                 kind = _probe.decode(data).type
+                if not output and kind.endswith(".delta"):
+                    output = time.perf_counter()
                 if kind == _DELTA and not delta:
                     delta = time.perf_counter()
                 if kind in _TERMINAL:
-                    return _finish(kind, data, t0, first, events, delta)
+                    return _finish(kind, data, t0, first, events, delta, output)
         raise TurnError("the SSE stream ended without a terminal event")
 
     def close(self) -> None:
@@ -257,7 +266,7 @@ class SocketHTTPClient:
         if headers.get(b"transfer-encoding") != b"chunked":
             body = self._exactly(int(headers.get(b"content-length", b"0")))
             raise TurnError(f"HTTP {status}: {body[:500]!r}")
-        first = delta = 0.0
+        first = delta = output = 0.0
         events = 0
         pending = b""
         result: TurnTiming | None = None
@@ -277,10 +286,12 @@ class SocketHTTPClient:
                     continue
                 events += 1
                 kind = _probe.decode(data).type
+                if not output and kind.endswith(".delta"):
+                    output = time.perf_counter()
                 if kind == _DELTA and not delta:
                     delta = time.perf_counter()
                 if kind in _TERMINAL and result is None:
-                    result = _finish(kind, data, t0, first, events, delta)
+                    result = _finish(kind, data, t0, first, events, delta, output)
         if result is None:
             raise TurnError("the SSE stream ended without a terminal event")
         return result
@@ -293,7 +304,7 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
     """One turn on an asyncio ``websockets`` connection (the scale benchmark)."""
     t0 = time.perf_counter()
     await ws.send(frame)
-    first = delta = 0.0
+    first = delta = output = 0.0
     events = 0
     while True:
         data = await ws.recv()
@@ -301,7 +312,9 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
             first = time.perf_counter()
         events += 1
         kind = _probe.decode(data).type
+        if not output and kind.endswith(".delta"):
+            output = time.perf_counter()
         if kind == _DELTA and not delta:
             delta = time.perf_counter()
         if kind in _TERMINAL:
-            return _finish(kind, data, t0, first, events, delta)
+            return _finish(kind, data, t0, first, events, delta, output)
