@@ -1,14 +1,17 @@
 """Benchmark clients over loopback: WebSocket mode (``websockets``) and HTTP + SSE (``httpx``).
 
 Each client sends one ``response.create`` body and returns a :class:`TurnTiming` with the time to
-the first server event (``response.created``: everything the server does before generation) and
-to the terminal event. Bodies are encoded before the clock starts; events are only probed for
+the first server event (``response.created``: everything the server does before generation), to
+the first ``response.output_text.delta`` (the first output token a user sees), to the first delta
+of any kind (text, reasoning, tool-call arguments: the first generated token, wherever the model's
+parser put it) and to the terminal event. Bodies are encoded before the clock starts; events are only probed for
 their ``type`` (the terminal event is decoded in full), so client-side parsing stays small.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 _TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+_DELTA = "response.output_text.delta"
 
 
 class _EventHead(msgspec.Struct):
@@ -41,6 +45,10 @@ class TurnTiming:
     completed_s: float
     events: int
     response: dict[str, Any]
+    #: Time to the first ``response.output_text.delta``; 0.0 when there was none.
+    first_delta_s: float = 0.0
+    #: Time to the first ``*.delta`` event of any kind; 0.0 when there was none.
+    first_output_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -69,14 +77,18 @@ class TurnTiming:
         return None
 
 
-def _finish(kind: str, data: bytes | str, t0: float, first: float, events: int) -> TurnTiming:
+def _finish(
+    kind: str, data: bytes | str, t0: float, first: float, events: int, delta: float = 0.0, output: float = 0.0
+) -> TurnTiming:
     payload: dict[str, Any] = msgspec.json.decode(data)
     if kind == "error":
         raise TurnError(str(payload.get("error")))
     response: dict[str, Any] = payload["response"]
     if kind == "response.failed":
         raise TurnError(str(response.get("error")))
-    return TurnTiming(first - t0, time.perf_counter() - t0, events, response)
+    return TurnTiming(
+        first - t0, time.perf_counter() - t0, events, response, delta - t0 if delta else 0.0, output - t0 if output else 0.0
+    )
 
 
 def ws_frame(body: dict[str, Any]) -> str:
@@ -103,6 +115,7 @@ class WSClient:
                 url,
                 max_size=None,
                 compression=None,
+                ping_interval=None,  # its loop runs only during a turn: a pong would be read late
                 additional_headers={"Authorization": f"Bearer {api_key}"},
                 open_timeout=60,
             )
@@ -110,6 +123,12 @@ class WSClient:
 
     def turn(self, frame: str) -> TurnTiming:
         return self._loop.run_until_complete(ws_turn_async(self._ws, frame))
+
+    def pump(self) -> None:
+        """Run the connection's loop once, off the clock: it answers the server's keepalive pings
+        (its loop runs only during a turn, and a connection left unread through other clients'
+        long turns is closed by the server's ping timeout)."""
+        self._loop.run_until_complete(asyncio.sleep(0))
 
     def close(self) -> None:
         self._loop.run_until_complete(self._ws.close())
@@ -143,7 +162,7 @@ class HTTPClient:
             if response.status_code != 200:
                 response.read()
                 raise TurnError(f"HTTP {response.status_code}: {response.text[:500]}")
-            first = 0.0
+            first = delta = output = 0.0
             events = 0
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -155,8 +174,12 @@ class HTTPClient:
                 events += 1
                 data = line[5:].strip()
                 kind = _probe.decode(data).type
+                if not output and kind.endswith(".delta"):
+                    output = time.perf_counter()
+                if kind == _DELTA and not delta:
+                    delta = time.perf_counter()
                 if kind in _TERMINAL:
-                    return _finish(kind, data, t0, first, events)
+                    return _finish(kind, data, t0, first, events, delta, output)
         raise TurnError("the SSE stream ended without a terminal event")
 
     def close(self) -> None:
@@ -187,14 +210,31 @@ class SocketHTTPClient:
         rest = base_url.split("://", 1)[1]
         hostport, _, prefix = rest.partition("/")
         host, _, port = hostport.partition(":")
+        self._address = (host, int(port or 80))
         self._path = ("/" + prefix).rstrip("/") + "/responses"
-        self._sock = socket.create_connection((host, int(port or 80)), timeout=600)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = self._connect()
         self._head = (
             f"POST {self._path} HTTP/1.1\r\nhost: {hostport}\r\nauthorization: Bearer {api_key}\r\n"
             "content-type: application/json\r\naccept: text/event-stream\r\n"
         ).encode()
         self._buf = b""
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self._address, timeout=600)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _reopen_if_closed(self) -> None:
+        """Reconnect if the server closed the idle connection (its keep-alive timeout), as a
+        connection pool does before it reuses one; checked before the clock starts."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            closed = bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            closed = True
+        if closed:
+            self._sock.close()
+            self._sock, self._buf = self._connect(), b""
 
     def _fill(self) -> None:
         data = self._sock.recv(1 << 20)
@@ -217,6 +257,7 @@ class SocketHTTPClient:
         return out
 
     def turn(self, content: bytes) -> TurnTiming:
+        self._reopen_if_closed()
         t0 = time.perf_counter()
         self._sock.sendall(self._head + b"content-length: %d\r\n\r\n" % len(content) + content)
         head = self._until(b"\r\n\r\n").split(b"\r\n")
@@ -225,7 +266,7 @@ class SocketHTTPClient:
         if headers.get(b"transfer-encoding") != b"chunked":
             body = self._exactly(int(headers.get(b"content-length", b"0")))
             raise TurnError(f"HTTP {status}: {body[:500]!r}")
-        first = 0.0
+        first = delta = output = 0.0
         events = 0
         pending = b""
         result: TurnTiming | None = None
@@ -245,8 +286,12 @@ class SocketHTTPClient:
                     continue
                 events += 1
                 kind = _probe.decode(data).type
+                if not output and kind.endswith(".delta"):
+                    output = time.perf_counter()
+                if kind == _DELTA and not delta:
+                    delta = time.perf_counter()
                 if kind in _TERMINAL and result is None:
-                    result = _finish(kind, data, t0, first, events)
+                    result = _finish(kind, data, t0, first, events, delta, output)
         if result is None:
             raise TurnError("the SSE stream ended without a terminal event")
         return result
@@ -259,7 +304,7 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
     """One turn on an asyncio ``websockets`` connection (the scale benchmark)."""
     t0 = time.perf_counter()
     await ws.send(frame)
-    first = 0.0
+    first = delta = output = 0.0
     events = 0
     while True:
         data = await ws.recv()
@@ -267,5 +312,9 @@ async def ws_turn_async(ws: ClientConnection, frame: str) -> TurnTiming:
             first = time.perf_counter()
         events += 1
         kind = _probe.decode(data).type
+        if not output and kind.endswith(".delta"):
+            output = time.perf_counter()
+        if kind == _DELTA and not delta:
+            delta = time.perf_counter()
         if kind in _TERMINAL:
-            return _finish(kind, data, t0, first, events)
+            return _finish(kind, data, t0, first, events, delta, output)

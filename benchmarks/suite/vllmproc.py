@@ -212,6 +212,11 @@ class VllmProcess:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The API server's process id (the engine-core process is its child); None before a start."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/responses"
 
