@@ -1,7 +1,7 @@
 """Redis failover under agent load (issue #36): ``responses-cache serve`` processes sharing a
 Sentinel-managed Redis (a primary, a replica, one Sentinel set to fail over fast), agent-style
-clients of the official SDK over WebSocket mode (``store: true``, chained by
-``previous_response_id``), and the primary killed with ``SIGKILL`` mid-load; the Sentinel
+clients of the official SDK (every other one over WebSocket mode, the others over HTTP, where
+each continuation is read from the store; ``store: true``, chained by ``previous_response_id``), and the primary killed with ``SIGKILL`` mid-load; the Sentinel
 promotes the replica.
 
 What a run reports (:class:`FailoverReport`): the time the Sentinel took to name the new primary,
@@ -27,6 +27,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class FailoverReport:
     lost_before_kill: list[str] = field(default_factory=list)
     #: Responses completed after the kill that the store cannot give back (a write that failed).
     unstored_after_kill: list[str] = field(default_factory=list)
+    #: Why a read-back failed (exception type and HTTP status), counted.
+    read_errors: dict[str, int] = field(default_factory=dict)
     records_missing: list[str] = field(default_factory=list)
     records_doubled: list[str] = field(default_factory=list)
     #: Records of responses no client saw complete, by status (failed turns are billed).
@@ -91,8 +94,50 @@ class _Agent:
     completed: list[tuple[str, float]] = field(default_factory=list)  # (id, when) per completed turn
     failures: list[Failure] = field(default_factory=list)
     previous: str | None = None
+    #: Turns over HTTP (``responses.create``) instead of a WebSocket connection.
+    http: bool = False
 
-    async def run(self, stop: asyncio.Event, retries: int = 100) -> None:
+    async def run(self, stop: asyncio.Event, give_up_s: float = 30.0) -> None:
+        """Turns until ``stop``; a turn still failing ``give_up_s`` after its first try raises."""
+        if self.http:
+            await self._run_http(stop, give_up_s)
+        else:
+            await self._run_ws(stop, give_up_s)
+
+    def _tries(self, give_up_s: float) -> Iterator[int]:
+        deadline = time.monotonic() + give_up_s
+        tries = 0
+        while time.monotonic() < deadline:
+            yield tries
+            tries += 1
+        raise RuntimeError(f"{self.name}: a turn failed for {give_up_s} s: {self.failures[-3:]}")
+
+    async def _run_http(self, stop: asyncio.Event, give_up_s: float) -> None:
+        """The same loop over HTTP: each continuation is read from the store."""
+        import openai
+
+        turn = 0
+        while not stop.is_set():
+            text = f"{self.name} turn {turn}: run `ls -{turn}`"
+            for _ in self._tries(give_up_s):
+                try:
+                    response = await self.client.responses.create(
+                        model=MODEL, input=text, store=True, previous_response_id=self.previous
+                    )
+                except openai.APIStatusError as exc:
+                    body = exc.body if isinstance(exc.body, dict) else {}
+                    error = body.get("error", body) if isinstance(body, dict) else {}
+                    code = error.get("code") if isinstance(error, dict) else None
+                    self.failures.append(Failure(self.name, self.clock.now(), "error", code, exc.status_code))
+                    await asyncio.sleep(0.05)
+                    continue
+                self.previous = response.id
+                self.completed.append((response.id, self.clock.now()))
+                break
+            turn += 1
+            await asyncio.sleep(0.01)
+
+    async def _run_ws(self, stop: asyncio.Event, give_up_s: float) -> None:
         from websockets.exceptions import ConnectionClosed
 
         conn = await self.client.responses.connect().enter()
@@ -100,7 +145,7 @@ class _Agent:
             turn = 0
             while not stop.is_set():
                 text = f"{self.name} turn {turn}: run `ls -{turn}`"
-                for _ in range(retries):
+                for _ in self._tries(give_up_s):
                     try:
                         await conn.response.create(
                             model=MODEL, input=text, store=True, previous_response_id=self.previous
@@ -117,8 +162,6 @@ class _Agent:
                         await conn.close()
                         conn = await self.client.responses.connect().enter()
                     await asyncio.sleep(0.05)
-                else:
-                    raise RuntimeError(f"{self.name}: {retries} tries of one turn failed")
                 turn += 1
                 await asyncio.sleep(0.01)  # thinking
         finally:
@@ -181,7 +224,8 @@ def run(
                 server.wait_ready()
             clock = _Clock()
             crowd = [
-                _Agent(AsyncOpenAI(base_url=servers[i % processes].http_url, api_key=KEY, max_retries=0), f"agent{i}", clock)
+                _Agent(AsyncOpenAI(base_url=servers[i % processes].http_url, api_key=KEY, max_retries=0), f"agent{i}", clock,
+                       http=i % 2 == 1)
                 for i in range(agents)
             ]
             promoted: list[float] = []
@@ -229,13 +273,16 @@ def run(
             readers = [OpenAI(base_url=server.http_url, api_key=KEY, max_retries=2) for server in servers]
             lost: list[str] = []
             unstored: list[str] = []
+            read_errors: dict[str, int] = {}
             for index, agent in enumerate(crowd):
                 reader = readers[(index + 1) % processes]
-                for rid, at in agent.completed:
+                for rid, _at in agent.completed:
                     try:
                         reader.responses.retrieve(rid)
-                    except Exception:
+                    except Exception as exc:  # counted by kind
                         (lost if rid in before else unstored).append(rid)
+                        reason = f"{type(exc).__name__}:{getattr(exc, 'status_code', '')}"
+                        read_errors[reason] = read_errors.get(reason, 0) + 1
             for server in servers:
                 server.proc.send_signal(signal.SIGTERM)
             for server in servers:
@@ -260,6 +307,7 @@ def run(
         failures=failures,
         lost_before_kill=lost,
         unstored_after_kill=unstored,
+        read_errors=read_errors,
         records_missing=sorted(set(completed) - set(ids)),
         records_doubled=sorted({rid for rid in ids if ids.count(rid) > 1}),
         records_other=other,

@@ -308,7 +308,7 @@ class SentinelProcess:
         try:
             deadline = time.monotonic() + self.server.startup_timeout
             while True:
-                replicas = client.execute_command("SENTINEL", "replicas", SENTINEL_NAME)
+                replicas = client.execute_command("SENTINEL", "replicas", SENTINEL_NAME)  # type: ignore[no-untyped-call]
                 known = [r for r in replicas if _fields(r).get("flags") == "slave"]
                 if len(known) >= self.replica_count:
                     return
@@ -335,7 +335,7 @@ class SentinelProcess:
         assert self.sentinel is not None
         client = redis.Redis(port=self.sentinel.port, socket_timeout=1)
         try:
-            address = client.execute_command("SENTINEL", "get-master-addr-by-name", SENTINEL_NAME)
+            address = client.execute_command("SENTINEL", "get-master-addr-by-name", SENTINEL_NAME)  # type: ignore[no-untyped-call]
         except redis.RedisError:
             return 0
         finally:

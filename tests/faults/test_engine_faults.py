@@ -30,7 +30,6 @@ from responses_cache.testing import (
     ServeProcess,
     serve_in_process,
     serve_in_thread,
-    wait_for,
 )
 from tests.faultproxy import FaultProxy
 
