@@ -34,6 +34,8 @@ class _Pipe:
         self.client = client
         self.upstream = upstream
         self.closed = False
+        #: Set while the pipe holds still (stalled): once set, nothing more is forwarded.
+        self.paused = threading.Event()
         self.thread = threading.Thread(target=self._run, name="faultproxy-pipe", daemon=True)
 
     def _run(self) -> None:
@@ -41,9 +43,13 @@ class _Pipe:
         try:
             while not self.closed:
                 if self.proxy.stalled.is_set():
+                    self.paused.set()  # what stall() waits for
                     time.sleep(0.02)  # the bytes wait in the kernel's buffers: nothing moves
                     continue
+                self.paused.clear()
                 readable, _, _ = select.select(list(peers), [], [], 0.05)
+                if self.proxy.stalled.is_set():
+                    continue  # stalled while waiting: what arrived stays where it is
                 for source in readable:
                     data = source.recv(65536)
                     if not data:
@@ -128,8 +134,13 @@ class FaultProxy:
             return len(self._pipes)
 
     def stall(self) -> None:
-        """Stop forwarding; connections stay open."""
+        """Stop forwarding; connections stay open. Returns once every open connection holds
+        still (a byte sent after it returns is not forwarded)."""
         self.stalled.set()
+        with self._lock:
+            pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.paused.wait(1.0)  # a pipe closing meanwhile never pauses: bounded
 
     def reset(self) -> None:
         """Reset every open connection (both sides get RST)."""
