@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
 import signal
 import tempfile
@@ -186,10 +187,10 @@ async def _terminal(conn: Any) -> Any | None:
 
 
 class _Clock:
-    """Seconds relative to the kill (before it: relative to the start, negative once known)."""
+    """Seconds since the kill; ``-inf`` before it (``zero`` is set at the kill)."""
 
     def __init__(self) -> None:
-        self.zero = time.monotonic()
+        self.zero = math.inf
 
     def now(self) -> float:
         return time.monotonic() - self.zero
@@ -242,9 +243,13 @@ def run(
                 stop = asyncio.Event()
                 runs = asyncio.gather(*(agent.run(stop) for agent in crowd))
 
-                async def until_each(count: int, after: float = float("-inf")) -> None:
+                async def until_each(count: int, after: float | None = None) -> None:
+                    """Until every agent completed ``count`` turns (after ``after`` s past the kill)."""
                     deadline = time.monotonic() + timeout_s
-                    while any(sum(1 for _, at in agent.completed if at > after) < count for agent in crowd):
+                    while any(
+                        sum(1 for _, at in agent.completed if after is None or at > after) < count
+                        for agent in crowd
+                    ):
                         if runs.done():
                             runs.result()  # an agent gave up: its error
                         if time.monotonic() > deadline:
