@@ -4,7 +4,8 @@ the running interpreter's ``bin/``, or ``PATH`` (``redis-server`` or ``valkey-se
 
 :class:`RedisClusterProcess` starts three such servers in cluster mode (three primaries, no
 replicas) and joins them into one Redis Cluster; :class:`SentinelProcess` starts a Sentinel
-watching a server."""
+watching a server (with ``replicas=N``: N replicas of it too, and a Sentinel set to fail over
+quickly, for the failover tests)."""
 
 from __future__ import annotations
 
@@ -79,15 +80,26 @@ def _ping(port: int) -> bool:
 class RedisProcess:
     """``with RedisProcess() as r: r.url`` — ``redis://127.0.0.1:PORT``. ``cluster=True``: a
     node in cluster mode (not yet part of a cluster; :class:`RedisClusterProcess` joins them);
-    ``sentinel_of=PORT``: a Sentinel watching the server on ``PORT`` as ``mymaster``."""
+    ``sentinel_of=PORT``: a Sentinel watching the server on ``PORT`` as ``mymaster`` (with
+    ``sentinel_config``: more ``sentinel …`` lines for it); ``replica_of=PORT``: a replica of the
+    server on ``PORT``."""
 
     def __init__(
-        self, *, startup_timeout: float = 15.0, attempts: int = 5, cluster: bool = False, sentinel_of: int = 0
+        self,
+        *,
+        startup_timeout: float = 15.0,
+        attempts: int = 5,
+        cluster: bool = False,
+        sentinel_of: int = 0,
+        sentinel_config: str = "",
+        replica_of: int = 0,
     ) -> None:
         self.startup_timeout = startup_timeout
         self.attempts = attempts
         self.cluster = cluster
         self.sentinel_of = sentinel_of
+        self.sentinel_config = sentinel_config
+        self.replica_of = replica_of
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -106,10 +118,16 @@ class RedisProcess:
             if self.sentinel_of:
                 # A Sentinel rewrites its configuration file: it gets one of its own.
                 config = Path(self._dir.name) / f"sentinel-{port}.conf"
-                config.write_text(f"sentinel monitor {SENTINEL_NAME} 127.0.0.1 {self.sentinel_of} 1\n")
+                config.write_text(
+                    f"sentinel monitor {SENTINEL_NAME} 127.0.0.1 {self.sentinel_of} 1\n{self.sentinel_config}"
+                )
                 command = [binary, str(config), "--sentinel", *common]
             else:
-                command = [binary, *common, "--save", "", "--appendonly", "no"]
+                # Diskless replication without its default delay: a replica syncs at once.
+                command = [binary, *common, "--save", "", "--appendonly", "no",
+                           "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+            if self.replica_of:
+                command += ["--replicaof", "127.0.0.1", str(self.replica_of)]
             if self.cluster:
                 command += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
             proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -131,6 +149,12 @@ class RedisProcess:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash ends it (no shutdown, nothing flushed to the replicas)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
     def __enter__(self) -> RedisProcess:
         return self.start()
@@ -211,10 +235,20 @@ def _cluster_ready(client: object, nodes: int) -> bool:
 class SentinelProcess:
     """``with SentinelProcess() as s: s.url`` — a server and one Sentinel watching it as
     :data:`SENTINEL_NAME`: ``redis+sentinel://127.0.0.1:SENTINEL_PORT/mymaster``; ``s.server_url``
-    is the server's own ``redis://`` URL."""
+    is the server's own ``redis://`` URL.
 
-    def __init__(self) -> None:
+    ``replicas=N`` starts N replicas of the server (in sync before the Sentinel starts, so its
+    first look at the primary finds them) and sets the Sentinel to fail over fast: the primary is
+    down after ``down_after_ms`` without an answer, and a failover that stalls is retried after
+    ``failover_timeout_ms``. The Sentinel alone is the quorum (1). :meth:`primary_port` asks the
+    Sentinel where the primary is now."""
+
+    def __init__(self, *, replicas: int = 0, down_after_ms: int = 200, failover_timeout_ms: int = 2000) -> None:
         self.server = RedisProcess()
+        self.replicas: list[RedisProcess] = []
+        self.replica_count = replicas
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
         self.sentinel: RedisProcess | None = None
 
     @property
@@ -229,15 +263,90 @@ class SentinelProcess:
     def start(self) -> SentinelProcess:
         try:
             self.server.start()
-            self.sentinel = RedisProcess(sentinel_of=self.server.port).start()
+            config = ""
+            if self.replica_count:
+                for _ in range(self.replica_count):
+                    self.replicas.append(RedisProcess(replica_of=self.server.port).start())
+                self._wait_replicated()
+                config = (
+                    f"sentinel down-after-milliseconds {SENTINEL_NAME} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {SENTINEL_NAME} {self.failover_timeout_ms}\n"
+                )
+            self.sentinel = RedisProcess(sentinel_of=self.server.port, sentinel_config=config).start()
+            if self.replica_count:
+                self._wait_sentinel_knows_replicas()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _wait_replicated(self) -> None:
+        import redis
+
+        primary = redis.Redis(port=self.server.port, socket_timeout=5)
+        try:
+            deadline = time.monotonic() + self.server.startup_timeout
+            while True:
+                info = primary.info("replication")
+                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                          and v.get("state") == "online"]
+                if len(online) >= self.replica_count:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the replicas did not sync: {info}")
+                time.sleep(0.02)
+        finally:
+            primary.close()
+
+    def _wait_sentinel_knows_replicas(self) -> None:
+        """Until the Sentinel has found the replicas (in the primary's ``INFO``): one it has not
+        found when the primary dies can never be promoted."""
+        import redis
+
+        assert self.sentinel is not None
+        client = redis.Redis(port=self.sentinel.port, socket_timeout=5, decode_responses=True)
+        try:
+            deadline = time.monotonic() + self.server.startup_timeout
+            while True:
+                replicas = client.execute_command("SENTINEL", "replicas", SENTINEL_NAME)  # type: ignore[no-untyped-call]
+                known = [r for r in replicas if _fields(r).get("flags") == "slave"]
+                if len(known) >= self.replica_count:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the Sentinel did not find the replicas: {replicas}")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def kill_primary(self) -> int:
+        """SIGKILL the server the Sentinel names primary now (the first server, unless a failover
+        already moved it); its port."""
+        port = self.primary_port()
+        for process in (self.server, *self.replicas):
+            if process.port == port:
+                process.kill()
+                return port
+        raise RuntimeError(f"the Sentinel names no server of ours as primary (port {port})")
+
+    def primary_port(self) -> int:
+        """The primary's port as the Sentinel names it now (0 if it cannot be asked)."""
+        import redis
+
+        assert self.sentinel is not None
+        client = redis.Redis(port=self.sentinel.port, socket_timeout=1)
+        try:
+            address = client.execute_command("SENTINEL", "get-master-addr-by-name", SENTINEL_NAME)  # type: ignore[no-untyped-call]
+        except redis.RedisError:
+            return 0
+        finally:
+            client.close()
+        return int(address[1]) if address else 0
+
     def stop(self) -> None:
         if self.sentinel is not None:
             self.sentinel.stop()
+        for replica in self.replicas:
+            replica.stop()
         self.server.stop()
 
     def __enter__(self) -> SentinelProcess:
@@ -247,6 +356,13 @@ class SentinelProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _fields(entry: Any) -> dict[str, str]:
+    """A Sentinel reply entry (a flat list of names and values, or a dict) as a dict."""
+    if isinstance(entry, dict):
+        return {str(k): str(v) for k, v in entry.items()}
+    return {str(k): str(v) for k, v in zip(entry[::2], entry[1::2], strict=True)}
 
 
 def sync_client(url: str) -> Any:

@@ -279,12 +279,15 @@ class RedisResponseStore:
                         on_cancel(tenant, response_id)
                 except _FAILURES:
                     logger.exception("lost the cancel channel; subscribing again")
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, 5.0)
-                    with contextlib.suppress(*_FAILURES):
-                        await pubsub.aclose()
-                        pubsub = self._client.pubsub()
-                        await pubsub.subscribe(self._cancel_channel)
+                # listen() also ends, with no error and without waiting, on a pub/sub that holds
+                # no subscription (a re-subscription that failed, the primary still down): pause
+                # and subscribe again either way, never loop at once (that spins the event loop).
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                with contextlib.suppress(*_FAILURES):
+                    await pubsub.aclose()
+                    pubsub = self._client.pubsub()
+                    await pubsub.subscribe(self._cancel_channel)
 
         task = asyncio.get_running_loop().create_task(listen(), name="responses_cache.redis.cancels")
 
