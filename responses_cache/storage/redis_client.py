@@ -117,13 +117,28 @@ def redis_client(url: str) -> Any:
             raise RedisUrlError("a Sentinel URL names the primary: redis+sentinel://host:26379[,host:port…]/NAME[/DB]")
         db = _db(path[1] if len(path) == 2 else "0")
         sentinel = Sentinel(split_hosts(netloc, 26379), db=db, **options)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(path[0])
+        # A command that finds no primary (killed, not yet replaced) is tried again for about as
+        # long as a Sentinel takes to promote a replica, instead of failing at once: the turns
+        # that end meanwhile are stored, not lost (options given in the URL take precedence).
+        return sentinel.master_for(path[0], **({"retry": failover_retry()} if "retry" not in options else {}))
     if path and path != ["0"]:
         raise RedisUrlError("a Redis Cluster has database 0 only: redis+cluster://host:port[,host:port…]")
     if not hasattr(RedisCluster, "pubsub"):  # background cancels travel by pub/sub
         raise ImportError("a Redis Cluster store needs redis-py 8.0 or later (cluster pub/sub): pip install -U 'redis>=8'")
     nodes = [ClusterNode(host, port) for host, port in split_hosts(netloc, 6379)]
     return RedisCluster(startup_nodes=nodes, **options)
+
+
+def failover_retry() -> Any:
+    """redis-py's own retry for a Sentinel-managed primary: on a connection error, a timeout or
+    "no primary found", the command is tried again after 0.1, 0.2, 0.4 and then 0.5 s pauses,
+    about 6 s in all (a Sentinel with ``down-after-milliseconds`` of a few seconds and a prompt
+    election promotes a replica within that)."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), 14, supported_errors=(ConnectionError, TimeoutError))
 
 
 def _db(text: str) -> int:
