@@ -217,3 +217,54 @@ def test_expiry_releases_what_was_queued() -> None:
 def test_the_process_budget_must_be_positive(size: int) -> None:
     with pytest.raises(ValueError):
         InputBudget(size)
+
+
+class FloodingPeer:
+    """Sends its frames, then leaves (the disconnect follows them); takes every event at once."""
+
+    def __init__(self, frames: list[str]) -> None:
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.inbox.put_nowait({"type": "websocket.connect"})
+        for frame in frames:
+            self.inbox.put_nowait({"type": "websocket.receive", "text": frame})
+        self.inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        return None
+
+
+@pytest.mark.parametrize("frames, released", [(3, 1), (1, 0)])
+async def test_a_connection_that_took_large_frames_returns_free_memory_when_it_closes(
+    monkeypatch: pytest.MonkeyPatch, frames: int, released: int
+) -> None:
+    """What its frames made the allocator keep goes back to the system once the connection has
+    gone: counted, once per connection that took at least ``RELEASE_AFTER_BYTES`` (three 3 MB
+    frames), and not for a small one."""
+    from responses_cache.edge import websocket
+    from responses_cache.limits.memory import RELEASE_AFTER_BYTES
+
+    calls: list[int] = []
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def release() -> bool:
+        calls.append(1)
+        loop.call_soon_threadsafe(done.set)
+        return True
+
+    monkeypatch.setattr(websocket, "release_free_memory", release)
+    monkeypatch.setattr(websocket, "_RELEASE_DELAY_S", 0.0)
+    mode = _mode(EndlessBackend(), SessionConfig(), write_timeout_s=5.0)
+    size = 3_000_000
+    assert frames * size >= RELEASE_AFTER_BYTES or frames == 1
+    await _run(mode, FloodingPeer([_create(size, lane=str(i)) for i in range(frames)]))
+    assert mode.connections == 0
+    if released:
+        await asyncio.wait_for(done.wait(), 10)  # a safety net, not a measurement
+    else:
+        for _ in range(10):
+            await asyncio.sleep(0)  # what a call scheduled at once would have needed to run
+    assert len(calls) == released
