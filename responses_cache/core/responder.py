@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
+import msgspec
+
 from ..backends.routing import Route, Router
 from ..conversation import EMPTY, compaction, encrypted_reasoning
 from ..conversation.sealing import Sealer
@@ -33,7 +35,7 @@ from ..protocol.codec import encode
 from ..protocol.errors import ResponsesError, invalid_request, previous_response_not_found
 from ..protocol.ids import new_id, new_response_id
 from ..protocol.items import Item
-from ..protocol.request import CreateResponse, decode_input
+from ..protocol.request import RAW_EMPTY, CreateResponse, decode_input
 from ..protocol.response import CompactedResponse
 from ..protocol.tools import parse_tools
 from ..storage.hot import HotCache
@@ -186,10 +188,17 @@ class Responder:
                 # Without a key the option is accepted and does nothing (clients such as Codex
                 # always ask for it): reasoning then carries no encrypted_content.
                 seal = encrypted_reasoning.sealer_for(self.sealer, tenant)
+        tools = parse_tools(request.tools)
+        # Decoded, the input leaves the request, and the tools are the parsed set's own copy: the
+        # request no longer points into the frame or body it came from (a megabyte input is kept
+        # once, as items). A steering successor reruns the request with new input and these tools.
+        request = msgspec.structs.replace(
+            request, input=RAW_EMPTY, tools=msgspec.Raw(tools.raw) if len(request.tools) else request.tools
+        )
         return Turn(
             request=request,
             items=items,
-            tools=parse_tools(request.tools),
+            tools=tools,
             tenant=tenant,
             transport=transport,
             lane=lane,

@@ -41,6 +41,7 @@ from starlette.websockets import WebSocket
 from ..backends.routing import RouteCache
 from ..core.responder import EdgeContext
 from ..core.runtime import Service
+from ..limits.memory import RELEASE_AFTER_BYTES, release_free_memory
 from ..limits.quotas import Admission, QuotaExceeded
 from ..observability.metrics import Metrics
 from ..observability.tracing import trace_headers
@@ -54,12 +55,21 @@ from ..protocol.errors import (
 )
 from ..protocol.ids import new_id
 from ..session.budget import CacheBudget
-from ..session.session import InputBudget, PendingTurn, Session, SessionConfig, frame_size
+from ..session.session import (
+    InputBudget,
+    PendingTurn,
+    Session,
+    SessionConfig,
+    frame_cost,
+    held_frame,
+)
 from ..storage.state import ResponseState
 from .host import HostScope
 
 logger = logging.getLogger("responses_cache.websocket")
 _LARGE_FRAME = 64 * 1024
+#: After a large connection ends, how long before free memory is returned to the system.
+_RELEASE_DELAY_S = 0.1
 _CLOSE = b""  # outbound marker: close the socket (encoded events are never empty)
 #: A turn writing frames straight to the socket yields to the event loop after this many: its
 #: writes (into free socket buffers) and its engine's reads (output already buffered) complete
@@ -182,6 +192,9 @@ class WebSocketMode:
             finally:
                 unwatch()
                 self.connections -= 1
+                if connection.taken_bytes >= RELEASE_AFTER_BYTES:
+                    # What its large frames made the allocator keep goes back to the system.
+                    _release_soon()
         finally:
             if quotas is not None:
                 quotas.disconnect(tenant, lease)
@@ -363,6 +376,8 @@ class _Connection:
         self._writer_task: asyncio.Task[None] | None = None
         #: When the write in progress started (``None``: no write in progress).
         self._write_started: float | None = None
+        #: Bytes of the frames read from the peer so far.
+        self.taken_bytes = 0
 
     async def run(self) -> None:
         writer = self._writer_task = asyncio.ensure_future(self._writer())
@@ -418,15 +433,19 @@ class _Connection:
             text = message.get("text")
             if text is None:
                 return 1003, False  # binary frames are not part of the protocol
-            size = frame_size(text)
+            frame = held_frame(text)  # a non-ASCII text as its UTF-8: never wider than sent
+            size = len(frame)
+            self.taken_bytes += size
             if size > self.mode.max_message_bytes:
                 return 1009, False
+            cost = frame_cost(text, size)
+            del message, text  # a decoded frame must not outlive its turn (memory per connection)
             if self.input is not None:
                 # Over budget: neither decode this frame nor ask for the next until it is paid for.
                 await self.input.admit(size)
             large = size >= _LARGE_FRAME
-            self.session.receive(text, time.perf_counter(), size)
-            del message, text  # a decoded frame must not outlive its turn (memory per connection)
+            self.session.receive(frame, time.perf_counter(), size, cost)
+            del frame
             await self._pump()
             if large:
                 # Decoding a large frame took a while: let other connections run before the next
@@ -615,6 +634,7 @@ class _Connection:
         responder, session = self.responder, self.session
         edge = EdgeContext(admission, self.credentials, self.trace)
         turn = responder.prepare(pending.request, session.tenant, "websocket", pending.lane, edge=edge)
+        pending.request = turn.request  # decoded: the frame goes (its cost now covers the input)
         turn = turn.on_connection(
             session.activate(pending, turn.response_id, responder.supports_steering), session.appendable(pending)
         )
@@ -627,6 +647,13 @@ class _Connection:
             # What this turn added becomes referenceable on the connection (``item_reference``).
             session.items.add(session.tenant, (*lineage.items, *state.response.output))
         return state
+
+
+def _release_soon() -> None:
+    """Return the allocator's free memory to the system on a worker thread, a moment from now:
+    once the server has dropped the connection's last frames too (see :mod:`~responses_cache.limits.memory`)."""
+    loop = asyncio.get_running_loop()
+    loop.call_later(_RELEASE_DELAY_S, lambda: loop.run_in_executor(None, release_free_memory))
 
 
 async def _settle(tasks: list[asyncio.Task[Any]]) -> None:

@@ -107,7 +107,9 @@ def render(
         target = truncate_to - int(truncate_to * truncation_headroom)
         return _truncated(renderer, source, log, fingerprint, truncate_to, target)
     if log.num_tokens > context_window:
-        raise _too_long(context_window, log.num_tokens, at_least=False)
+        tokens = log.num_tokens
+        del log  # not kept alive by the error's traceback: a megabyte input's tokens go now
+        raise _too_long(context_window, tokens, at_least=False)
     return RenderedPrompt(log, fingerprint, cached, incremental)
 
 

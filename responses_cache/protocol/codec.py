@@ -44,7 +44,7 @@ def not_json(param: str | None = None) -> ResponsesError:
     )
 
 
-def decode(decoder: msgspec.json.Decoder[T], data: bytes | str | msgspec.Raw, *, prefix: str = "") -> T:
+def decode(decoder: msgspec.json.Decoder[T], data: bytes | str | msgspec.Raw | memoryview, *, prefix: str = "") -> T:
     """Decode client JSON; any failure becomes a 400 :class:`ResponsesError` naming the field."""
     try:
         return decoder.decode(data)

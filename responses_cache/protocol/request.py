@@ -28,6 +28,8 @@ from .items import (
 )
 
 _RAW_EMPTY = msgspec.Raw(b"")
+#: An absent ``input`` or ``tools`` (what a request holds once they are decoded).
+RAW_EMPTY = _RAW_EMPTY
 
 
 def _raw() -> msgspec.Raw:
@@ -115,10 +117,10 @@ def decode_count(body: bytes | str) -> CreateResponse:
 
 def decode_input(raw: msgspec.Raw | bytes) -> list[Item]:
     """Decode ``input``: a string (one user message) or an array of items."""
-    data = bytes(raw)
-    if not data or data == b"null":
+    data = memoryview(raw)  # read in place: a megabyte input is not copied before it is decoded
+    if not data or (len(data) == 4 and data.tobytes() == b"null"):
         return []
-    if data[:1] == b'"':
+    if data[:1].tobytes() == b'"':
         return [Message(role="user", content=decode(_str_decoder, data, prefix="input"))]
     try:
         elements = _raw_list_decoder.decode(data)

@@ -30,6 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from ..edge.app import create_app
     from ..tokens.errors import VocabularyError
+    from .allocator import return_large_blocks
     from .serving import DrainingServer, uvicorn_config
     from .settings import SettingsError, load_settings
 
@@ -53,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         from ..observability.logs import use_json_logs
 
         use_json_logs()  # INFO: the line per turn
+    return_large_blocks()  # what a megabyte input allocates goes back to the system once freed
     host, port = settings.host, settings.port
     print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
     server = uvicorn_config(

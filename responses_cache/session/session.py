@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,11 +47,33 @@ _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 
 
 def frame_size(text: str | bytes) -> int:
-    """A frame's size on the wire, in bytes (UTF-8): the unit of every limit on client frames
-    (a text frame arrives decoded, and a character is 1 to 4 bytes)."""
+    """A frame's size on the wire, in bytes (UTF-8): the unit of the limits on what a client
+    sends (a text frame arrives decoded, and a character is 1 to 4 bytes)."""
     if isinstance(text, bytes) or text.isascii():
         return len(text)
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+def held_frame(text: str | bytes) -> str | bytes:
+    """The frame as its turn keeps it until it runs: an ASCII text as it is (one byte a
+    character), any other as its UTF-8 bytes, never wider than it was sent (Python holds a text
+    with one emoji at 4 bytes a character)."""
+    if isinstance(text, bytes) or text.isascii():
+        return text
+    return text.encode("utf-8", "surrogatepass")
+
+
+def frame_cost(text: str | bytes, size: int) -> int:
+    """What an accepted ``response.create`` of ``size`` wire bytes may hold in memory until it
+    finishes, the unit of the per-connection and process input budgets: the frame while it waits
+    (:func:`held_frame`, ``size`` bytes), then the input decoded from it. Decoded strings are no
+    longer than the frame's text and no wider than its characters, so they take at most what the
+    whole text took as Python held it (``sys.getsizeof``: 1, 2 or 4 bytes a character); a
+    non-ASCII string also gets its UTF-8 form attached once it is tokenized (``size`` more).
+    An ASCII frame costs its size."""
+    if isinstance(text, bytes) or text.isascii():
+        return size
+    return size + sys.getsizeof(text)
 _IGNORED = frozenset({"response.processed"})
 
 
@@ -59,9 +82,10 @@ class SessionConfig:
     max_in_flight: int = 16
     max_named_lanes: int = 32
     max_queued: int = 1024
-    #: Bytes of request frames held by this connection's accepted, unfinished turns (queued or
-    #: running). A frame that would pass it gets a 429 ``error`` (a frame alone on an idle
-    #: connection is always admitted, up to the message size limit).
+    #: Bytes held by this connection's accepted, unfinished turns (queued or running): each is
+    #: charged its :func:`frame_cost` (its frame, then the input decoded from it). A frame that
+    #: would pass it gets a 429 ``error`` (a frame alone on an idle connection is always
+    #: admitted, up to the message size limit).
     max_queued_bytes: int = 32 * 1024 * 1024
     lifetime_s: float = 3600.0
     #: After the lifetime, turns still running may finish for this long; then the connection is
@@ -156,7 +180,8 @@ class PendingTurn:
     steers: list[Steer] = field(default_factory=list)
     #: An automatic successor of a steered response (the client sent no ``response.create``).
     successor: bool = False
-    #: Bytes of the frame it holds (charged to the input budgets until the turn finishes).
+    #: What it is charged in the input budgets until the turn finishes (:func:`frame_cost`: its
+    #: frame, then the input decoded from it).
     size: int = 0
     #: Refused before it ran (a quota): its parent stays cached for the client's retry.
     never_ran: bool = False
@@ -333,7 +358,7 @@ class Session:
     ) -> None:
         self.tenant = tenant
         self.input_budget = input_budget
-        #: Bytes of frames held by this connection's accepted, unfinished turns.
+        #: Bytes held by this connection's accepted, unfinished turns (their :func:`frame_cost`).
         self.queued_bytes = 0
         self.config = config or SessionConfig()
         self.cache = ConnectionCache(self.config.superseded_keep, self.config.superseded_grace_s)
@@ -357,11 +382,15 @@ class Session:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def receive(self, text: str | bytes, now: float = 0.0, size: int | None = None) -> None:
+    def receive(self, text: str | bytes, now: float = 0.0, size: int | None = None, cost: int | None = None) -> None:
         """One client text frame (``now``: the caller's clock, kept for the queue-wait metric;
-        ``size``: its :func:`frame_size`, when the caller has it already)."""
+        ``size``: its :func:`frame_size`, ``cost``: its :func:`frame_cost`, when the caller has
+        them already). A non-ASCII text is held as its UTF-8 (:func:`held_frame`)."""
         if size is None:
             size = frame_size(text)
+        if cost is None:
+            cost = frame_cost(text, size)
+        text = held_frame(text)
         # The common case, a well-formed response.create, costs one pass over the frame; anything
         # else takes the careful path below, which names what is wrong.
         try:
@@ -369,7 +398,7 @@ class Session:
         except ResponsesError:
             fast = None
         if fast is not None and fast.type == "response.create":
-            self._create(text, size, now, fast.stream_id, fast)
+            self._create(text, cost, now, fast.stream_id, fast)
             return
         try:
             probe = _probe.decode(text)
@@ -398,10 +427,11 @@ class Session:
             message = "Missing required parameter: 'type'." if kind is None else f"Unsupported event type: '{kind}'."
             self._error(invalid_request(message, "type", "invalid_value" if kind is not None else "missing_required_parameter"), None)
             return
-        self._create(text, size, now, probe.stream_id, None)
+        self._create(text, cost, now, probe.stream_id, None)
 
     def _create(self, text: str | bytes, size: int, now: float, lane: Any, request: CreateResponse | None) -> None:
-        """A ``response.create`` (``request``: already decoded, or ``None``)."""
+        """A ``response.create`` (``request``: already decoded, or ``None``; ``size``: what it is
+        charged, its :func:`frame_cost`)."""
         if lane is not None and (not isinstance(lane, str) or not _STREAM_ID.fullmatch(lane)):
             self._error(
                 invalid_request(

@@ -41,6 +41,7 @@ from ..protocol.items import (
     Refusal,
 )
 from ..protocol.tools import CustomTool, GrammarFormat, ToolSet
+from .compact import ordinary_encoder
 from .errors import UnknownCallError, UnrenderableItemError, UnsupportedContentError
 from .log import (
     ANALYSIS,
@@ -410,7 +411,7 @@ class BaseRenderer(ABC):
 
     def count_text(self, text: str) -> int:
         """Number of plain-text tokens in ``text``."""
-        return len(self._encoding.encode_ordinary(text))
+        return len(ordinary_encoder(self._encoding)(text))
 
     def hidden_before(self, facts: Facts) -> int:
         """Analysis items with an index below this are hidden (0: the template never hides)."""

@@ -36,6 +36,7 @@ from ..protocol.items import (
 )
 from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
 from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
+from .compact import ordinary_encoder
 from .log import ANALYSIS, ASSISTANT, FINAL
 from .parsing import ChatMLParser, OutputParser, opens_think
 from .vocab import CHATML_SPECIALS, load_chatml_encoding
@@ -65,8 +66,8 @@ class ChatMLRenderer(BaseRenderer):
         self._im_start = enc._special_tokens["<|im_start|>"]
         self._im_end = enc._special_tokens["<|im_end|>"]
         self._eot = enc._special_tokens["<|endoftext|>"]
-        self._enc = enc.encode_ordinary
-        self._newline = array("I", self._enc("\n"))
+        self._enc = ordinary_encoder(enc)
+        self._newline = self._enc("\n")
         super().__init__(enc, encoding, "")
 
     @property

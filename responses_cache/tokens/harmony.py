@@ -44,6 +44,7 @@ from ..protocol.items import (
 )
 from ..protocol.tools import CustomTool, FunctionTool, NamespaceTool, ToolSet
 from .base import BaseRenderer, Rendered, custom_tool_description, item_texts, reasoning_texts
+from .compact import ordinary_encoder
 from .log import ANALYSIS, ASSISTANT, FINAL, Facts
 from .parsing import HarmonyParser, OutputParser
 from .tsschema import tools_section
@@ -93,13 +94,13 @@ class HarmonyRenderer(BaseRenderer):
         options = repr(
             (model_identity, reasoning_effort, knowledge_cutoff, conversation_start_date, auto_drop_analysis)
         )
-        self._enc = enc.encode_ordinary
-        self._pieces: dict[str, list[int]] = {}
+        self._enc = ordinary_encoder(enc)
+        self._pieces: dict[str, array[int]] = {}
         super().__init__(enc, encoding, options)
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _piece(self, text: str) -> list[int]:
+    def _piece(self, text: str) -> array[int]:
         """Tokens of a fixed header word (cached; roles, channels, ``json``…)."""
         ids = self._pieces.get(text)
         if ids is None:
@@ -108,7 +109,7 @@ class HarmonyRenderer(BaseRenderer):
 
     def _message_tokens(
         self,
-        author: list[int],
+        author: array[int],
         texts: list[str],
         *,
         recipient: str | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -93,7 +94,12 @@ def _peak_growth(pid: int, push: Callable[[ClientConnection, threading.Event], N
     return peak - before
 
 
-def _send_all(frames: Callable[[int], str], count: int) -> Callable[[ClientConnection, threading.Event], None]:
+def _send_all(
+    frames: Callable[[int], str], count: int, *, then_wait: bool = False
+) -> Callable[[ClientConnection, threading.Event], None]:
+    """Send ``count`` frames; ``then_wait``: then keep the connection open (and unread) until the
+    deadline, so that the server's work on what it took is watched to the end."""
+
     def push(ws: ClientConnection, stop: threading.Event) -> None:
         try:
             for i in range(count):
@@ -102,6 +108,8 @@ def _send_all(frames: Callable[[int], str], count: int) -> Callable[[ClientConne
                 ws.send(frames(i))
         except (OSError, Exception):  # the connection was dropped at the deadline
             return
+        if then_wait:
+            stop.wait()
 
     return push
 
@@ -117,6 +125,68 @@ def test_a_client_that_floods_large_frames_and_never_reads_holds_at_most_twice_i
     pid, url = server
     growth = _peak_growth(pid, _send_all(_big_frame, 100), url)  # 400 MB
     assert growth <= 2 * BUDGET, f"RSS grew {growth / MIB:.1f} MiB"
+
+
+#: The words of a text that is tokenized whole (one repeated letter would be refused before
+#: tokenizing: see docs/limits.md, "Refused before tokenizing").
+_WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly",
+    "judge", "boxing", "matches", "near", "Paris", "in", "1234", "and", "then", "5678", "more", "times", "def",
+    "main(argv):", "return", "{'key':", "value}", "#", "comment",
+]
+_BLOCK = " ".join(random.Random(7).choice(_WORDS) for _ in range(12_000))  # ~64 kB
+LARGE_FRAME = 8_000_000  # the frames of the issue's client
+
+
+def _prose_frame(i: int, size: int = LARGE_FRAME) -> str:
+    """A create of about ``size`` bytes of words on one of 30 lanes: parsed, rendered and tokenized
+    (about 1.7 million tokens), then refused as longer than the context window."""
+    text = (_BLOCK * (size // len(_BLOCK) + 1))[: size - 120]
+    return json.dumps({"type": "response.create", "model": "sim-1", "stream_id": f"l{i % 30}", "input": text})
+
+
+@pytest.fixture
+def unthrottled_server() -> Iterator[tuple[int, str]]:
+    """``serve`` with the defaults but no input rate limit: a client's frames are taken as fast as
+    it sends them, so only the memory bounds stand between it and the server's memory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_CACHE_")}
+    env.update(RESPONSES_CACHE_INPUT_BYTES_PER_S="0", RESPONSES_CACHE_TENANT_INPUT_BYTES_PER_S="0")
+    served = serve_in_process(env=env)
+    try:
+        url = served.ws_url
+        # Warm up what every process builds once: tokenizer tables, the tokenizer's worker thread.
+        with connect(url, max_size=None) as ws:
+            for frame in (_big_frame(0), _prose_frame(0, 1_000_000), _echo_frame(0, generate=False)):
+                ws.send(frame)
+                while json.loads(ws.recv(timeout=60))["type"] not in ("response.completed", "error"):
+                    pass
+        yield served.proc.pid, url
+    finally:
+        served.kill()
+
+
+#: What may stay once the client has gone: the allocator's own bookkeeping, not the client's data
+#: (before the fix, 41-107 MiB stayed: the frames' decoded copies in the allocator's keeping).
+LEFT_AFTER = 12 * MIB
+SETTLE_S = 5.0  # how long the server may take to drop the connection's state (a deadline)
+
+
+@pytest.mark.subprocess
+def test_a_client_that_sends_8mb_frames_and_never_reads_holds_at_most_twice_its_budget_and_nothing_after(
+    unthrottled_server: tuple[int, str],
+) -> None:
+    """The issue's client: 8 MB creates of text the server tokenizes, sent as fast as TCP takes
+    them, never reading an answer. What the server holds for it (the frames of its accepted turns,
+    their decoded input, their tokens, the frame being received) stays within twice the
+    connection's budget; once it has gone, the server gives that memory back."""
+    pid, url = unthrottled_server
+    before = _rss(pid)
+    growth = _peak_growth(pid, _send_all(_prose_frame, 40, then_wait=True), url)  # 320 MB
+    assert growth <= 2 * BUDGET, f"RSS grew {growth / MIB:.1f} MiB"
+    deadline = time.monotonic() + SETTLE_S
+    while (left := _rss(pid) - before) > LEFT_AFTER and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left <= LEFT_AFTER, f"{left / MIB:.1f} MiB stayed after the client left"
 
 
 def test_the_server_declines_compression(server: tuple[int, str]) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
+import msgspec
 import pytest
 
 from responses_cache import create_service
@@ -146,13 +148,57 @@ def test_one_frame_on_an_idle_connection_is_admitted_whatever_its_size() -> None
 
 
 def test_held_input_is_counted_in_bytes_on_the_wire() -> None:
-    """A frame of 1,000 ``é`` is 2,000 bytes in UTF-8 (what the client sent), not 1,000."""
+    """A frame of 1,000 ``é`` is 2,000 bytes in UTF-8 (what the client sent), not 1,000; and once
+    decoded its text takes memory of its own (1 byte a character for ``é``), so it is charged both."""
     budget = InputBudget(1_000_000)
     session = Session("t", SessionConfig(), input_budget=budget)
     frame = json.dumps({"type": "response.create", "model": "sim-1", "input": "é" * 1_000}, ensure_ascii=False)
     session.receive(frame)
     assert session.drain() == []
-    assert session.queued_bytes == budget.held == len(frame.encode()) == len(frame) + 1_000
+    assert len(frame.encode()) == len(frame) + 1_000
+    assert session.queued_bytes == budget.held == len(frame.encode()) + sys.getsizeof(frame)
+
+
+def test_a_wide_frame_is_charged_what_python_holds_of_it() -> None:
+    """One emoji makes Python hold a whole text at 4 bytes a character: a frame of 10,000 ASCII
+    characters and one emoji is 10,004 bytes on the wire but may hold about 40 kB once decoded."""
+    budget = InputBudget(1_000_000)
+    session = Session("t", SessionConfig(), input_budget=budget)
+    frame = json.dumps({"type": "response.create", "model": "sim-1", "input": "y" * 10_000 + "🙂"}, ensure_ascii=False)
+    session.receive(frame)
+    assert session.drain() == []
+    assert budget.held == session.queued_bytes > 4 * len(frame) + len(frame.encode())
+
+
+def test_a_queued_turn_holds_a_wide_frame_as_its_utf8() -> None:
+    """While it waits, a turn holds its frame no wider than it was sent (not as a 4-byte-a-character
+    text), and once its input is decoded the request lets the frame go."""
+    from responses_cache.session.session import held_frame
+
+    text = json.dumps({"type": "response.create", "model": "sim-1", "input": "y" * 10_000 + "🙂"}, ensure_ascii=False)
+    held = held_frame(text)
+    assert isinstance(held, bytes) and held == text.encode()
+    ascii_text = json.dumps({"type": "response.create", "model": "sim-1", "input": "y"})
+    assert held_frame(ascii_text) is ascii_text
+
+
+def test_a_prepared_turn_no_longer_points_into_its_frame() -> None:
+    """The request's raw ``input`` and ``tools`` point into the frame; once the turn is prepared
+    (input decoded, tools parsed) the request holds neither, so the frame is freed while the turn
+    runs and only its decoded input is held (what its charge covers)."""
+    from responses_cache.protocol.request import decode_create
+
+    service = create_service(backend=EndlessBackend(), authenticator=AllowAll())
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    frame = json.dumps({"model": "sim-1", "input": "y" * 100_000, "tools": tools}).encode()
+    alone = sys.getrefcount(frame)
+    request = decode_create(frame)
+    assert sys.getrefcount(frame) > alone  # the raw fields point into it
+    turn = service.core.prepare(request, "t", "websocket")
+    del request
+    assert sys.getrefcount(frame) == alone
+    assert turn.items[0].content == "y" * 100_000 and [t.name for _, t in turn.tools.functions()] == ["f"]
+    assert msgspec.json.decode(turn.request.tools) == tools  # a steering successor reruns with them
 
 
 def test_expiry_releases_what_was_queued() -> None:
@@ -171,3 +217,54 @@ def test_expiry_releases_what_was_queued() -> None:
 def test_the_process_budget_must_be_positive(size: int) -> None:
     with pytest.raises(ValueError):
         InputBudget(size)
+
+
+class FloodingPeer:
+    """Sends its frames, then leaves (the disconnect follows them); takes every event at once."""
+
+    def __init__(self, frames: list[str]) -> None:
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.inbox.put_nowait({"type": "websocket.connect"})
+        for frame in frames:
+            self.inbox.put_nowait({"type": "websocket.receive", "text": frame})
+        self.inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        return None
+
+
+@pytest.mark.parametrize("frames, released", [(3, 1), (1, 0)])
+async def test_a_connection_that_took_large_frames_returns_free_memory_when_it_closes(
+    monkeypatch: pytest.MonkeyPatch, frames: int, released: int
+) -> None:
+    """What its frames made the allocator keep goes back to the system once the connection has
+    gone: counted, once per connection that took at least ``RELEASE_AFTER_BYTES`` (three 3 MB
+    frames), and not for a small one."""
+    from responses_cache.edge import websocket
+    from responses_cache.limits.memory import RELEASE_AFTER_BYTES
+
+    calls: list[int] = []
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def release() -> bool:
+        calls.append(1)
+        loop.call_soon_threadsafe(done.set)
+        return True
+
+    monkeypatch.setattr(websocket, "release_free_memory", release)
+    monkeypatch.setattr(websocket, "_RELEASE_DELAY_S", 0.0)
+    mode = _mode(EndlessBackend(), SessionConfig(), write_timeout_s=5.0)
+    size = 3_000_000
+    assert frames * size >= RELEASE_AFTER_BYTES or frames == 1
+    await _run(mode, FloodingPeer([_create(size, lane=str(i)) for i in range(frames)]))
+    assert mode.connections == 0
+    if released:
+        await asyncio.wait_for(done.wait(), 10)  # a safety net, not a measurement
+    else:
+        for _ in range(10):
+            await asyncio.sleep(0)  # what a call scheduled at once would have needed to run
+    assert len(calls) == released
