@@ -23,6 +23,7 @@ import ctypes.util
 import platform
 import threading
 from collections.abc import Callable
+from typing import Any
 
 #: A connection that took at least this many bytes of frames returns free memory when it closes.
 RELEASE_AFTER_BYTES = 8 * 1024 * 1024
@@ -30,18 +31,20 @@ RELEASE_AFTER_BYTES = 8 * 1024 * 1024
 _lock = threading.Lock()
 
 
-def _load_trim() -> Callable[[int], int] | None:
+def glibc_function(name: str) -> Any | None:
+    """The C library's function ``name`` (a ctypes function), or ``None`` off Linux's glibc (its
+    allocator calls do nothing elsewhere, or are missing: musl has neither ``mallopt`` nor
+    ``malloc_trim``)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
+        return getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    return trim
 
 
-_trim = _load_trim()
+_trim: Callable[[int], int] | None = glibc_function("malloc_trim")
 
 
 def release_free_memory() -> bool:

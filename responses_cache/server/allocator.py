@@ -16,8 +16,8 @@ before. Elsewhere than glibc it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import sys
+
+from ..limits.memory import glibc_function
 
 #: ``M_MMAP_THRESHOLD`` in glibc's ``malloc.h``.
 _M_MMAP_THRESHOLD = -3
@@ -28,15 +28,8 @@ LARGE_BLOCK_BYTES = 1024 * 1024
 def return_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Serve blocks of ``threshold`` bytes or more from their own mappings, returned to the
     system when freed; ``True`` when the allocator took the setting (glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    mallopt = glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
