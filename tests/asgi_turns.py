@@ -3,6 +3,8 @@ tests that count the work a turn does."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -10,6 +12,21 @@ import httpx
 from responses_cache.tokens import BaseRenderer
 
 MODEL = "sim-1"
+
+
+def asgi_client(app: Any) -> httpx.AsyncClient:
+    """A client of the app's ``/v1`` API through httpx's ASGI transport."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1")
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Let the event loop run until ``predicate()`` holds (what the app finishes after its
+    answer, in this loop: a charge settled, a record written); fails after 10,000 passes."""
+    for _ in range(10_000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
 
 
 async def post(app: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:

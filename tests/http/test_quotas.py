@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from responses_cache import SimulatedConfig, SimulatedEngine, create_app
 from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig
 from responses_cache.testing import LogicalClock
+from tests.asgi_turns import asgi_client, until
 from tests.held_backend import HeldBackend
 
 KEYS = {"sk-a": "a", "sk-b": "b"}
@@ -33,18 +32,6 @@ def _app(quota: Quota, clock: LogicalClock, **options: Any) -> Any:
     return create_app(api_keys=KEYS, quotas=QuotaConfig(quota), rate_limiter=MemoryRateLimiter(clock=clock), **options)
 
 
-def _client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1")
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
-
-
 def _create(**extra: Any) -> dict[str, Any]:
     return {"model": "sim-1", "input": "hello there", **extra}
 
@@ -52,7 +39,7 @@ def _create(**extra: Any) -> dict[str, Any]:
 async def test_every_answer_carries_the_rate_limit_headers() -> None:
     clock = LogicalClock()
     app = _app(Quota(requests_per_minute=10, tokens_per_minute=10_000), clock)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         created = await client.post("/responses", json=_create(), headers=A)
         streamed = await client.post("/responses", json=_create(stream=True), headers=A)
         rid = created.json()["id"]
@@ -76,7 +63,7 @@ async def test_every_answer_carries_the_rate_limit_headers() -> None:
 async def test_requests_per_minute_give_429_with_retry_after() -> None:
     clock = LogicalClock()
     app = _app(Quota(requests_per_minute=2), clock)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         for _ in range(2):
             assert (await client.post("/responses", json=_create(), headers=A)).status_code == 200
         refused = await client.post("/responses", json=_create(), headers=A)
@@ -93,7 +80,7 @@ async def test_requests_per_minute_give_429_with_retry_after() -> None:
 async def test_tokens_per_minute_are_charged_as_billed() -> None:
     clock = LogicalClock()
     app = _app(Quota(tokens_per_minute=600), clock)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         first = await client.post("/responses", json=_create(), headers=A)
         usage = first.json()["usage"]
         used = usage["input_tokens"] + usage["output_tokens"]
@@ -116,9 +103,9 @@ async def test_concurrent_responses_over_http() -> None:
     clock = LogicalClock()
     backend = HeldBackend()
     app = _app(Quota(concurrent_responses=1), clock, backend=backend)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         running = asyncio.ensure_future(client.post("/responses", json=_create(), headers=A))
-        await _until(lambda: len(backend.requests) == 1)
+        await until(lambda: len(backend.requests) == 1)
         refused = await client.post("/responses", json=_create(), headers=A)
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
         assert "concurrent responses" in refused.json()["error"]["message"]
@@ -131,7 +118,7 @@ async def test_concurrent_responses_over_http() -> None:
 
 async def test_a_refused_body_still_frees_its_slot() -> None:
     app = _app(Quota(concurrent_responses=1), LogicalClock())
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         for _ in range(3):
             bad = await client.post("/responses", json={"model": "sim-1", "input": [1]}, headers=A)
             assert bad.status_code == 400
@@ -142,14 +129,14 @@ async def test_engine_slots_are_shared_round_robin_across_tenants() -> None:
     backend = HeldBackend()
     app = create_app(api_keys=KEYS, backend=backend, engine_slots=1)
     gate = app.state.service.core.pipeline.engine_gate
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         busy = [asyncio.ensure_future(client.post("/responses", json=_create(), headers=A)) for _ in range(4)]
-        await _until(lambda: len(backend.requests) == 1 and gate.waiting == 3)
+        await until(lambda: len(backend.requests) == 1 and gate.waiting == 3)
         quiet = asyncio.ensure_future(client.post("/responses", json=_create(priority=2), headers=B))
-        await _until(lambda: gate.waiting == 4)
+        await until(lambda: gate.waiting == 4)
         for n in range(1, 6):
             backend.go.release()
-            await _until(lambda n=n: len(backend.requests) == min(n + 1, 5) and backend.go.locked())
+            await until(lambda n=n: len(backend.requests) == min(n + 1, 5) and backend.go.locked())
         answers = await asyncio.wait_for(asyncio.gather(*busy, quiet), 10)
     assert all(a.status_code == 200 for a in answers)
     tenants = [r.tenant for r in backend.requests]
@@ -161,14 +148,14 @@ async def test_a_compaction_on_demand_waits_for_an_engine_slot_and_frees_it() ->
     backend = HeldBackend()
     app = create_app(api_keys=KEYS, backend=backend, engine_slots=1, sealer=Sealer.from_text(new_key()))
     gate = app.state.service.core.pipeline.engine_gate
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         running = asyncio.ensure_future(client.post("/responses", json=_create(), headers=A))
-        await _until(lambda: len(backend.requests) == 1)
+        await until(lambda: len(backend.requests) == 1)
         compacting = asyncio.ensure_future(client.post("/responses/compact", json=_create(), headers=B))
-        await _until(lambda: gate.waiting == 1)  # the summary waits in b's queue, the engine untouched
+        await until(lambda: gate.waiting == 1)  # the summary waits in b's queue, the engine untouched
         assert len(backend.requests) == 1
         backend.go.release()
-        await _until(lambda: len(backend.requests) == 2)
+        await until(lambda: len(backend.requests) == 2)
         backend.go.release()
         answers = await asyncio.wait_for(asyncio.gather(running, compacting), 10)
         assert [a.status_code for a in answers] == [200, 200]
@@ -179,7 +166,7 @@ async def test_a_compaction_on_demand_waits_for_an_engine_slot_and_frees_it() ->
 @pytest.mark.parametrize("priority", [True, "high", 1.5])
 async def test_a_bad_priority_is_a_400(priority: object) -> None:
     app = create_app(api_keys=KEYS)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         refused = await client.post("/responses", json=_create(priority=priority), headers=A)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
 
@@ -188,10 +175,10 @@ async def test_a_background_response_holds_its_slot_until_it_ends_and_is_charged
     clock = LogicalClock()
     backend = HeldBackend()
     app = _app(Quota(concurrent_responses=1, tokens_per_minute=10_000), clock, backend=backend)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         queued = await client.post("/responses", json=_create(background=True), headers=A)
         assert queued.status_code == 200 and queued.json()["status"] == "queued"
-        await _until(lambda: len(backend.requests) == 1)
+        await until(lambda: len(backend.requests) == 1)
         refused = await client.post("/responses", json=_create(), headers=A)  # the background one runs
         assert refused.status_code == 429
         backend.go.release()
@@ -204,7 +191,7 @@ async def test_a_background_response_holds_its_slot_until_it_ends_and_is_charged
             await asyncio.sleep(0)
         assert done["status"] == "completed"
         used = done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
-        await _until(lambda: app.state.service.core.quotas.limiter.running("a") == 0)
+        await until(lambda: app.state.service.core.quotas.limiter.running("a") == 0)
         status = await client.get("/models", headers=A)
         assert int(status.headers["x-ratelimit-remaining-tokens"]) == 10_000 - used
         backend.go.release()

@@ -28,6 +28,7 @@ from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.limits.quotas import MemoryRateLimiter, Quota, QuotaConfig, RateLimiter
 from responses_cache.limits.redis_quotas import RedisRateLimiter
 from responses_cache.testing import LogicalClock, RecordingBackend
+from tests.asgi_turns import asgi_client, until
 from tests.held_backend import HeldBackend
 
 KEYS = {"sk-a": "a"}
@@ -66,18 +67,6 @@ def _app(limiter: RateLimiter, quota: Quota, **options: Any) -> Any:
     return create_app(api_keys=KEYS, quotas=QuotaConfig(quota), rate_limiter=limiter, **options)
 
 
-def _client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1")
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
-
-
 async def _remaining(client: httpx.AsyncClient) -> int:
     """The tenant's tokens as the next answer's headers tell them (an answer that counts nothing)."""
     status = await client.get("/models", headers=A)
@@ -99,10 +88,10 @@ async def test_two_turns_ending_together_are_both_charged_and_free_both_slots(
     token quota, so a lost slot is seen even when the tokens are right)."""
     backend = HeldBackend()
     app = _app(limiter, Quota(tokens_per_minute=tokens, concurrent_responses=2), backend=backend)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         both = [asyncio.ensure_future(client.post("/responses", json={"model": "sim-1", "input": f"turn {n}"}, headers=A))
                 for n in range(2)]
-        await _until(lambda: len(backend.requests) == 2)
+        await until(lambda: len(backend.requests) == 2)
         backend.go.release()
         backend.go.release()
         used = sum(_used(a) for a in await asyncio.wait_for(asyncio.gather(*both), 10))
@@ -111,7 +100,7 @@ async def test_two_turns_ending_together_are_both_charged_and_free_both_slots(
         # Both slots are free: two more turns run at once (a lost release refuses the second).
         again = [asyncio.ensure_future(client.post("/responses", json={"model": "sim-1", "input": f"more {n}"}, headers=A))
                  for n in range(2)]
-        await _until(lambda: len(backend.requests) == 4 or any(t.done() for t in again))
+        await until(lambda: len(backend.requests) == 4 or any(t.done() for t in again))
         backend.go.release()
         backend.go.release()
         answers = await asyncio.wait_for(asyncio.gather(*again), 10)
@@ -125,7 +114,7 @@ async def test_a_compaction_on_demand_is_charged(limiter: RateLimiter) -> None:
     """``POST /v1/responses/compact``: the summary's usage (the answer's ``usage``) is charged."""
     records = Records()
     app = _app(limiter, Quota(tokens_per_minute=TPM), sealer=Sealer.from_text(new_key()), billing=records)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         first = await client.post("/responses", json={"model": "sim-1", "input": "fix the parser"}, headers=A)
         used = _used(first)
         compacted = await client.post(
@@ -144,7 +133,7 @@ async def test_an_automatic_compaction_is_charged_with_its_turn(limiter: RateLim
     records = Records()
     app = _app(limiter, Quota(tokens_per_minute=TPM), sealer=Sealer.from_text(new_key()), billing=records)
     managed = [{"type": "compaction", "compact_threshold": 200}]
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         previous = None
         compacted = False
         used = 0
@@ -169,7 +158,7 @@ async def test_an_automatic_compaction_is_charged_with_its_turn(limiter: RateLim
 
 async def test_a_background_response_is_charged_and_frees_its_slot(limiter: RateLimiter) -> None:
     app = _app(limiter, Quota(tokens_per_minute=TPM, concurrent_responses=1))
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         queued = await client.post("/responses", json={"model": "sim-1", "input": "hi", "background": True}, headers=A)
         assert queued.json()["status"] == "queued"
         rid = queued.json()["id"]
@@ -182,7 +171,7 @@ async def test_a_background_response_is_charged_and_frees_its_slot(limiter: Rate
         assert done["status"] == "completed"
         used = done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
         assert used > 0
-        await _until(lambda: app.state.service.background.running == 0)
+        await until(lambda: app.state.service.background.running == 0)
         for _ in range(100):  # the turn's charge goes in as it ends, just after its status is stored
             remaining = await _remaining(client)
             if remaining != TPM:
@@ -197,14 +186,14 @@ async def test_a_cancelled_background_response_is_charged_as_billed(limiter: Rat
     backend = HeldBackend()
     records = Records()
     app = _app(limiter, Quota(tokens_per_minute=TPM, concurrent_responses=1), backend=backend, billing=records)
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         queued = await client.post("/responses", json={"model": "sim-1", "input": "a long job " * 20, "background": True},
                                    headers=A)
         rid = queued.json()["id"]
-        await _until(lambda: len(backend.requests) == 1)
+        await until(lambda: len(backend.requests) == 1)
         cancelled = await client.post(f"/responses/{rid}/cancel", headers=A)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-        await _until(lambda: len(records.records) == 1)
+        await until(lambda: len(records.records) == 1)
         assert records.records[0].status == "cancelled" and records.tokens > 0  # its prompt was rendered
         for _ in range(100):
             remaining = await _remaining(client)
@@ -221,7 +210,7 @@ async def test_counting_input_tokens_charges_nothing(limiter: RateLimiter) -> No
     """``POST /v1/responses/input_tokens`` is not a response: it counts neither a request nor
     tokens, and holds no slot (docs/limits.md counts creates and compactions only)."""
     app = _app(limiter, Quota(requests_per_minute=10, tokens_per_minute=TPM, concurrent_responses=1))
-    async with _client(app) as client:
+    async with asgi_client(app) as client:
         counted = await client.post("/responses/input_tokens", json={"model": "sim-1", "input": "how long is this"}, headers=A)
         assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
         status = await client.get("/models", headers=A)
