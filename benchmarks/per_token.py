@@ -22,6 +22,11 @@ ones to quote).
     python benchmarks/per_token.py                                  # harmony, chatml, hf:qwen
     python benchmarks/per_token.py --renderers harmony --rounds 20 --tokens 1024
     python benchmarks/per_token.py --renderers hf:llama3 --profile /tmp/prof
+    python benchmarks/per_token.py --engine-rate 1000 --tokens 256   # each token arriving alone
+
+With ``--engine-rate`` the engine keeps a pace (a real engine's): tokens then arrive one at a time,
+the wall-time overhead is what the last token waits, and the server's CPU per token is the figure
+that says how fast an engine it could keep up with.
 """
 
 from __future__ import annotations
@@ -83,17 +88,18 @@ def _renderer_spec(name: str, workdir: Path) -> str:
     return "hf:" + str(build_tokenizer_dir(family, workdir / family))
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system (kernel) CPU time of process ``pid`` so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
 # -- child processes ---------------------------------------------------------------------------
 
 
-def _child_engine(renderer: str, tokens: int, port: int) -> None:
-    """The fake vLLM, one token per chunk, under uvicorn (run as ``--child-engine``)."""
+def _child_engine(renderer: str, tokens: int, port: int, rate: float) -> None:
+    """The fake vLLM, one token per chunk, under uvicorn (run as ``--child-engine``); ``rate``:
+    its tokens per second (0: as fast as it can)."""
     import uvicorn
 
     from responses_cache.testing import Behaviour, FakeVllm
@@ -102,7 +108,7 @@ def _child_engine(renderer: str, tokens: int, port: int) -> None:
     r = get_renderer(renderer)
     engine = FakeVllm(r.encoding, [_script(renderer, tokens)],
                       model=MODEL, report_cached=False)
-    engine.default = Behaviour(chunk_tokens=1)
+    engine.default = Behaviour(chunk_tokens=1, interval_s=1 / rate if rate else 0.0)
     engine.requests = _Forgetful()
     uvicorn.run(engine.app(), host="127.0.0.1", port=port, log_level="warning")
 
@@ -170,6 +176,8 @@ class Figures:
 
     turns: list[float] = field(default_factory=list)
     server_cpu: float = 0.0
+    #: The part of ``server_cpu`` spent in the kernel (socket reads and writes, wake-ups).
+    server_sys: float = 0.0
     engine_cpu: float = 0.0
     tokens: int = 0
     #: Events the client received (WebSocket frames or SSE events); direct: the engine's chunks.
@@ -245,7 +253,7 @@ async def _measure(clients: Clients, server_pid: int, engine_pid: int, rounds: i
     try:
         for k in range(warmup + rounds):
             for mode in MODES[k % 3:] + MODES[:k % 3]:
-                cpu, engine_cpu = _cpu_seconds(server_pid), _cpu_seconds(engine_pid)
+                (user, sys_), engine_cpu = _cpu_seconds(server_pid), sum(_cpu_seconds(engine_pid))
                 start = time.perf_counter()
                 tokens = await run[mode]()
                 elapsed = time.perf_counter() - start
@@ -254,8 +262,10 @@ async def _measure(clients: Clients, server_pid: int, engine_pid: int, rounds: i
                 assert tokens == clients.tokens, (mode, tokens)
                 f = figures[mode]
                 f.turns.append(elapsed)
-                f.server_cpu += _cpu_seconds(server_pid) - cpu
-                f.engine_cpu += _cpu_seconds(engine_pid) - engine_cpu
+                user_after, sys_after = _cpu_seconds(server_pid)
+                f.server_cpu += user_after + sys_after - user - sys_
+                f.server_sys += sys_after - sys_
+                f.engine_cpu += sum(_cpu_seconds(engine_pid)) - engine_cpu
                 f.tokens += tokens
                 f.events += clients.events
     finally:
@@ -272,7 +282,9 @@ def _prompt(renderer: Any) -> tuple[list[int], list[int]]:
     return list(renderer.prompt(log)), list(renderer.sampling_stop_tokens)
 
 
-def measure(name: str, spec: str, tokens: int, rounds: int, warmup: int, profile: Path | None) -> dict[str, Any]:
+def measure(
+    name: str, spec: str, tokens: int, rounds: int, warmup: int, profile: Path | None, rate: float = 0.0
+) -> dict[str, Any]:
     from responses_cache.tokens import get_renderer
 
     engine_port, server_port = _free_port(), _free_port()
@@ -286,7 +298,7 @@ def measure(name: str, spec: str, tokens: int, rounds: int, warmup: int, profile
         serve_args.append(str(profile / f"serve-{name.replace(':', '-')}.prof"))
     prompt, stops = _prompt(get_renderer(spec))
     engine_url = f"http://127.0.0.1:{engine_port}"
-    with _child(["--child-engine", spec, str(tokens), str(engine_port)], engine_url + "/health", "the fake engine") as engine, \
+    with _child(["--child-engine", spec, str(tokens), str(engine_port), str(rate)], engine_url + "/health", "the fake engine") as engine, \
          _child(serve_args, f"http://127.0.0.1:{server_port}/v1/models", "responses-cache serve") as server:
         clients = Clients(engine_url, server_port, prompt, stops, tokens)
         figures = asyncio.run(_measure(clients, server.pid, engine.pid, rounds, warmup))
@@ -297,6 +309,7 @@ def measure(name: str, spec: str, tokens: int, rounds: int, warmup: int, profile
         f = figures[mode]
         entry: dict[str, Any] = {"turn_ms": p50(f.turns) * 1000,
                                  "server_cpu_us_per_token": f.server_cpu / f.tokens * 1e6,
+                                 "server_sys_us_per_token": f.server_sys / f.tokens * 1e6,
                                  "engine_cpu_us_per_token": f.engine_cpu / f.tokens * 1e6,
                                  "events_per_turn": f.events / len(f.turns)}
         if mode != "direct":
@@ -310,7 +323,7 @@ def measure(name: str, spec: str, tokens: int, rounds: int, warmup: int, profile
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child-engine":
-        _child_engine(argv[1], int(argv[2]), int(argv[3]))
+        _child_engine(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
         return 0
     if argv and argv[0] == "--child-serve":
         _child_serve(argv[1], int(argv[2]), argv[3] if len(argv) > 3 else None)
@@ -321,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1024, help="output tokens per turn")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--engine-rate", type=float, default=0.0,
+                        help="the fake engine's tokens/s, each token its own chunk (default 0: as fast as it can)")
     parser.add_argument("--profile", type=Path, help="run the server under cProfile, reports here")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -328,15 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'renderer':>10} {'mode':>6} {'turn p50 ms':>12} {'µs/token over direct (p25..p75)':>32} "
-          f"{'server CPU µs/token':>20} {'events/turn':>12} {'engine tok/s':>13}")
+          f"{'server CPU µs/token (kernel)':>29} {'events/turn':>12} {'engine tok/s':>13}")
     for name in args.renderers.split(","):
-        row = measure(name, _renderer_spec(name, workdir), args.tokens, args.rounds, args.warmup, args.profile)
+        row = measure(name, _renderer_spec(name, workdir), args.tokens, args.rounds, args.warmup, args.profile,
+                      args.engine_rate)
         rows.append(row)
         for mode in MODES:
             m = row[mode]
             over = (f"{m['overhead_us_per_token']:7.1f} ({m['overhead_p25']:.1f}..{m['overhead_p75']:.1f})"
                     if mode != "direct" else "")
-            print(f"{name:>10} {mode:>6} {m['turn_ms']:>12.1f} {over:>32} {m['server_cpu_us_per_token']:>20.1f} "
+            print(f"{name:>10} {mode:>6} {m['turn_ms']:>12.1f} {over:>32} {m['server_cpu_us_per_token']:>20.1f} ({m['server_sys_us_per_token']:5.1f}) "
                   f"{m['events_per_turn']:>12.0f} " + (f"{row['engine_tokens_per_s']:>13.0f}" if mode == "direct" else ""))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:

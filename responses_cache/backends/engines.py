@@ -21,21 +21,29 @@
 * :func:`json_body` and :func:`json_chunk`: a request's JSON body and a streamed chunk's JSON,
   with msgspec (a token-id prompt of 30k ids encodes in ~0.15 ms, against ~2.5 ms with the
   standard library's encoder that httpx's ``json=`` uses; every streamed token's chunk is parsed).
+* :func:`batched`: an engine's stream read in a task of its own, handed over as lists of the
+  chunks that arrived while the turn was busy, so that tokens arriving together are decoded,
+  parsed and sent to the client once (one delta, one frame) instead of once each;
+  :func:`merge_deltas` joins the deltas of such a list for engines that stream text, not ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from ..engine_events import BackendEvent
+from ..engine_events import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta
 from ..protocol.errors import ResponsesError
 from .base import BackendError
+
+T = TypeVar("T")
 
 _CONTEXT = re.compile(
     r"context length|context window|maximum context|max_model_len|too long|prompt is too long|exceeds the max",
@@ -216,3 +224,86 @@ def json_chunk(data: str, engine: str) -> Any:
         except ValueError as exc:
             raise BackendError(f"{engine} sent a malformed chunk: {data[:200]!r}", "server_error") from exc
 
+
+
+#: How many chunks :func:`batched` reads ahead of a consumer that is not taking them.
+BATCH_LIMIT = 256
+
+
+async def batched(source: AsyncGenerator[T, None], limit: int = BATCH_LIMIT) -> AsyncGenerator[list[T], None]:
+    """``source``'s items in order, as lists: each list holds what arrived while the consumer was
+    busy with the previous one. Nothing waits for a batch to fill: an item that arrives alone is
+    handed over alone, at once; when the engine streams faster than a turn handles its tokens,
+    the tokens that queued up are handled (decoded, parsed, sent) as one.
+
+    ``source`` is read by a task of its own, at most ``limit`` items ahead of the consumer (a
+    client that does not read stops the engine's stream being read). An error of ``source``
+    reaches the consumer after the items before it. Closing the batches (or cancelling their
+    consumer) cancels the read and closes ``source``; use ``contextlib.aclosing``."""
+    loop = asyncio.get_running_loop()
+    ready: list[T] = []
+    wake: asyncio.Future[None] | None = None  # the consumer, waiting for an item
+    room: asyncio.Future[None] | None = None  # the reader, waiting for the consumer
+    failure: BaseException | None = None
+    ended = False
+
+    def nudge(future: asyncio.Future[None] | None) -> None:
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def read() -> None:
+        nonlocal room, failure, ended
+        try:
+            async with contextlib.aclosing(source):
+                async for item in source:
+                    ready.append(item)
+                    nudge(wake)
+                    if len(ready) >= limit:
+                        room = loop.create_future()
+                        await room
+        except BaseException as exc:  # handed to the consumer, after the items before it
+            failure = exc
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            ended = True
+            nudge(wake)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            if ready:
+                batch, ready = ready, []
+                nudge(room)
+                yield batch
+            elif ended:
+                if failure is not None:
+                    raise failure
+                return
+            else:
+                wake = loop.create_future()
+                await wake
+                wake = None
+    finally:
+        reader.cancel()
+        try:
+            await reader
+        except asyncio.CancelledError:
+            if not reader.done():
+                raise  # this consumer is cancelled while the read unwinds
+
+
+def merge_deltas(events: Sequence[BackendEvent]) -> list[BackendEvent]:
+    """``events`` with each run of deltas of one kind (text, reasoning, a call's arguments) joined
+    into one delta, their token ids with it; anything else stays where it is."""
+    merged: list[BackendEvent] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta):
+            merged[-1] = ToolCallDelta(last.arguments + event.arguments, [*last.token_ids, *event.token_ids])
+        elif isinstance(event, (TextDelta, ReasoningDelta)) and type(last) is type(event):
+            assert isinstance(last, (TextDelta, ReasoningDelta))
+            merged[-1] = type(event)(last.text + event.text, [*last.token_ids, *event.token_ids])
+        else:
+            merged.append(event)
+    return merged

@@ -164,6 +164,9 @@ class Behaviour:
 
     #: Tokens per streamed chunk (engines batch several tokens per step).
     chunk_tokens: int = 3
+    #: Seconds between two chunks (0: as fast as the client reads): an engine's pace, for example
+    #: 0.001 for one that samples 1,000 tokens/s, each token then arriving on its own.
+    interval_s: float = 0.0
     #: Deliver each chunk's text one chunk late (an incremental detokenizer holding text back).
     hold_back: bool = False
     #: The final finish reason instead of ``stop``/``length`` (``abort``, ``repetition``, ``error``).
@@ -329,7 +332,10 @@ class FakeEngine:
             yield choice
 
     async def _hang(self, behaviour: Behaviour, i: int) -> None:
-        """Before chunk ``i``: stall as ``behaviour`` says (cancelled when the client goes away)."""
+        """Before chunk ``i``: keep the pace and stall as ``behaviour`` says (cancelled when the
+        client goes away)."""
+        if behaviour.interval_s and i:
+            await asyncio.sleep(behaviour.interval_s)
         if behaviour.hang_after is None or i < behaviour.hang_after:
             return
         if behaviour.gate is None:

@@ -41,7 +41,14 @@ from responses_cache import (
     ToolCallDelta,
     ToolCallStart,
 )
-from responses_cache.engines import IncrementalDecoder, finish_error, http_error, stream_error
+from responses_cache.engines import (
+    IncrementalDecoder,
+    batched,
+    finish_error,
+    http_error,
+    merge_deltas,
+    stream_error,
+)
 
 from .messages import split_name, to_messages, to_tool_choice, to_tools
 
@@ -141,27 +148,33 @@ class CerebrasBackend:
         usage: Any = None
         last_kind: type | None = None
         received = 0
-        try:
-            async for item in stream:
-                chunk = _plain(item)
-                if chunk.get("error"):
-                    raise stream_error(chunk)
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    tokens = choice.get("tokens")
-                    if tokens is not None and sampled is not None:
-                        sampled.extend(tokens)
-                        text = decoder.feed(tokens)
-                    else:
-                        sampled = None  # no raw tokens: parse the text, render the turn
-                        text = choice.get("text") or ""
-                    received += len(text)
-                    for event in parser.feed(text):
-                        last_kind = type(event)
-                        yield event
-                    reason = choice.get("finish_reason") or reason
-        finally:
-            await stream.close()
+        # What arrived together is decoded, parsed and yielded once (see ``batched``).
+        async with contextlib.aclosing(batched(_chunks(stream))) as batches:
+            async for batch in batches:
+                pieces: list[str] = []
+                failure: BackendError | None = None  # raised once what came before it is out
+                for item in batch:
+                    chunk = _plain(item)
+                    if chunk.get("error"):
+                        failure = stream_error(chunk)
+                        break
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        tokens = choice.get("tokens")
+                        if tokens is not None and sampled is not None:
+                            sampled.extend(tokens)
+                            pieces.append(decoder.feed(tokens))
+                        else:
+                            sampled = None  # no raw tokens: parse the text, render the turn
+                            pieces.append(choice.get("text") or "")
+                        reason = choice.get("finish_reason") or reason
+                text = "".join(pieces)
+                received += len(text)
+                for event in parser.feed(text):
+                    last_kind = type(event)
+                    yield event
+                if failure is not None:
+                    raise failure
         for event in (*parser.feed(decoder.close() if sampled is not None else ""), *parser.close()):
             last_kind = type(event)
             yield event
@@ -227,30 +240,36 @@ class CerebrasBackend:
         stream: Any = await raw.parse()
         reason: str | None = None
         usage: Any = None
-        try:
-            async for item in stream:
-                # Read as plain data: the SDK builds stream chunks without validation, and a
-                # chunk may come back as the wrong member of its response union.
-                chunk = _plain(item)
-                if chunk.get("error"):
-                    raise stream_error(chunk)
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    if delta.get("reasoning"):
-                        yield ReasoningDelta(str(delta["reasoning"]))
-                    if delta.get("content"):
-                        yield TextDelta(str(delta["content"]))
-                    for call in delta.get("tool_calls") or ():
-                        function = call.get("function") or {}
-                        if call.get("id") and function.get("name"):
-                            namespace, name = split_name(str(function["name"]))
-                            yield ToolCallStart(name=name, call_id=str(call["id"]), namespace=namespace)
-                        if function.get("arguments"):
-                            yield ToolCallDelta(str(function["arguments"]))
-                    reason = choice.get("finish_reason") or reason
-        finally:
-            await stream.close()
+        async with contextlib.aclosing(batched(_chunks(stream))) as batches:
+            async for batch in batches:
+                events: list[BackendEvent] = []
+                failure: BackendError | None = None  # raised once what came before it is out
+                for item in batch:
+                    # Read as plain data: the SDK builds stream chunks without validation, and a
+                    # chunk may come back as the wrong member of its response union.
+                    chunk = _plain(item)
+                    if chunk.get("error"):
+                        failure = stream_error(chunk)
+                        break
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        if delta.get("reasoning"):
+                            events.append(ReasoningDelta(str(delta["reasoning"])))
+                        if delta.get("content"):
+                            events.append(TextDelta(str(delta["content"])))
+                        for call in delta.get("tool_calls") or ():
+                            function = call.get("function") or {}
+                            if call.get("id") and function.get("name"):
+                                namespace, name = split_name(str(function["name"]))
+                                events.append(ToolCallStart(name=name, call_id=str(call["id"]), namespace=namespace))
+                            if function.get("arguments"):
+                                events.append(ToolCallDelta(str(function["arguments"])))
+                        reason = choice.get("finish_reason") or reason
+                for event in merge_deltas(events):  # what arrived together, one delta per run
+                    yield event
+                if failure is not None:
+                    raise failure
         mapped = _FINISH.get(reason or "")
         if mapped is None:
             raise BackendError("Cerebras ended the stream without a finish reason", "server_error") if reason is None \
@@ -297,3 +316,12 @@ def _usage(usage: Any) -> EngineUsage | None:
 def _status_error(exc: APIStatusError) -> BackendError:
     body = exc.body if exc.body is not None else {"message": exc.message}
     return http_error(exc.status_code, json.dumps(body).encode(), exc.response.headers)
+
+
+async def _chunks(stream: Any) -> AsyncGenerator[Any, None]:
+    """The SDK stream's chunks, the stream closed however the reading ends."""
+    try:
+        async for item in stream:
+            yield item
+    finally:
+        await stream.close()

@@ -51,6 +51,7 @@ from responses_cache.engines import (
     Accepted,
     EngineUnavailable,
     IncrementalDecoder,
+    batched,
     body_message,
     http_error,
     json_body,
@@ -354,33 +355,51 @@ class LlamaCppBackend:
                     raise self._refused(response.status_code, await response.aread(), response.headers)
                 self.replicas.mark_up(url)
                 yield ACCEPTED
-                async for sse in EventSource(response).aiter_sse():
-                    if not sse.data:
-                        continue
-                    chunk = json_chunk(sse.data, "llama-server")
-                    if "error" in chunk:
-                        raise stream_error(chunk)
-                    new = [int(t) for t in chunk.get("tokens") or ()]
-                    if stopped and new:
-                        outcome.stopped_here = True  # the server goes on after a stop id of ours
-                        break
-                    end = next((i for i, t in enumerate(new) if t in outcome.stops), None)
-                    if end is not None:
-                        stopped, new = True, new[: end + 1]
-                    if new:
-                        streamed = True
-                        outcome.sampled.extend(new)
-                        for event in parser.feed(decoder.feed(new)):
-                            if isinstance(event, ToolCallStart):
-                                outcome.calls += 1
-                                request = outcome.request
-                                if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
-                                    outcome.truncated = True  # no call, or one call only: stop here
-                                    return
-                            yield event
-                    if chunk.get("stop"):
-                        self._read_final(chunk, outcome)
-                        break
+                # What arrived together is decoded, parsed and yielded once (see ``batched``).
+                async with contextlib.aclosing(batched(EventSource(response).aiter_sse())) as batches:
+                    async for batch in batches:
+                        new: list[int] = []
+                        final = False
+                        failure: BackendError | None = None  # raised once what came before it is out
+                        for sse in batch:
+                            if not sse.data:
+                                continue
+                            try:
+                                chunk = json_chunk(sse.data, "llama-server")
+                            except BackendError as exc:
+                                failure = exc
+                                break
+                            if "error" in chunk:
+                                failure = stream_error(chunk)
+                                break
+                            tokens = [int(t) for t in chunk.get("tokens") or ()]
+                            if stopped and tokens:
+                                outcome.stopped_here = True  # the server goes on after a stop id of ours
+                                final = True
+                                break
+                            end = next((i for i, t in enumerate(tokens) if t in outcome.stops), None)
+                            if end is not None:
+                                stopped, tokens = True, tokens[: end + 1]
+                            new.extend(tokens)
+                            if chunk.get("stop"):
+                                self._read_final(chunk, outcome)
+                                final = True
+                                break
+                        if new:
+                            streamed = True
+                            outcome.sampled.extend(new)
+                            for event in parser.feed(decoder.feed(new)):
+                                if isinstance(event, ToolCallStart):
+                                    outcome.calls += 1
+                                    request = outcome.request
+                                    if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
+                                        outcome.truncated = True  # no call, or one call only: stop here
+                                        return
+                                yield event
+                        if failure is not None:
+                            raise failure
+                        if final:
+                            break
         except httpx.TransportError as exc:
             if streamed:
                 raise BackendError(f"the connection to llama-server broke mid-stream: {exc}", "server_error") from exc

@@ -52,6 +52,7 @@ from responses_cache.engines import (
     Accepted,
     EngineUnavailable,
     IncrementalDecoder,
+    batched,
     body_message,
     finish_error,
     http_error,
@@ -467,40 +468,57 @@ class EngineBackend:
                 self.replicas.mark_up(url)
                 yield ACCEPTED
                 reader = dialect.reader()
-                async for sse in EventSource(response).aiter_sse():
-                    if sse.data == "[DONE]":
-                        break
-                    payload = json_chunk(sse.data, "the engine")
-                    step = reader.read(payload)
-                    for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
-                        if getattr(step, name) is not None:
-                            setattr(outcome, name, getattr(step, name))
-                    if mode is None and (step.ids is not None or step.text is not None):
-                        mode = "ids" if step.ids is not None else "text"
-                        if mode == "text":
-                            outcome.sampled = None  # the engine does not report ids: render the output
-                    text = ""
-                    if mode == "ids" and step.ids:
-                        assert outcome.sampled is not None
-                        outcome.sampled.extend(step.ids)
-                        text = decoder.feed(step.ids)
-                    elif mode == "text":
-                        text = step.text or ""
-                    for event in parser.feed(text):
-                        if isinstance(event, ToolCallStart):
-                            outcome.calls += 1
-                            request = outcome.request
-                            if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
-                                outcome.truncated = True  # no call, or one call only: stop the engine here
-                                return
-                        streamed = True
-                        yield event
-                    if step.ids or step.text:
-                        streamed = True
-                    if step.finish:
-                        outcome.finish, outcome.detail = step.finish, step.finish_detail
-                    if step.matched_stop is not None:
-                        outcome.matched_stop = step.matched_stop
+                # What arrived together is decoded, parsed and yielded once (see ``batched``).
+                async with contextlib.aclosing(batched(EventSource(response).aiter_sse())) as batches:
+                    async for batch in batches:
+                        ids: list[int] = []
+                        texts: list[str] = []
+                        done = False
+                        failure: BackendError | None = None  # raised once what came before it is out
+                        for sse in batch:
+                            if sse.data == "[DONE]":
+                                done = True
+                                break
+                            try:
+                                step = reader.read(json_chunk(sse.data, "the engine"))
+                            except BackendError as exc:
+                                failure = exc
+                                break
+                            for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
+                                if getattr(step, name) is not None:
+                                    setattr(outcome, name, getattr(step, name))
+                            if mode is None and (step.ids is not None or step.text is not None):
+                                mode = "ids" if step.ids is not None else "text"
+                                if mode == "text":
+                                    outcome.sampled = None  # the engine does not report ids: render the output
+                            if mode == "ids" and step.ids:
+                                ids.extend(step.ids)
+                            elif mode == "text" and step.text:
+                                texts.append(step.text)
+                            if step.finish:
+                                outcome.finish, outcome.detail = step.finish, step.finish_detail
+                            if step.matched_stop is not None:
+                                outcome.matched_stop = step.matched_stop
+                        text = "".join(texts)
+                        if ids:
+                            assert outcome.sampled is not None
+                            outcome.sampled.extend(ids)
+                            text = decoder.feed(ids)
+                        for event in parser.feed(text):
+                            if isinstance(event, ToolCallStart):
+                                outcome.calls += 1
+                                request = outcome.request
+                                if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
+                                    outcome.truncated = True  # no call, or one call only: stop the engine here
+                                    return
+                            streamed = True
+                            yield event
+                        if ids or texts:
+                            streamed = True
+                        if failure is not None:
+                            raise failure
+                        if done:
+                            break
         except httpx.TransportError as exc:
             if streamed:
                 raise BackendError(f"the connection to the engine broke mid-stream: {exc}", "server_error") from exc

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 from array import array
 from collections.abc import Sequence
@@ -270,11 +271,57 @@ def test_closing_a_generation_closes_the_engine_stream_at_once(responses_cache_s
 
     async def run() -> int:
         generation = backend.generate(_request(renderer))
-        for _ in range(3):
-            await generation.__anext__()
+        await generation.__anext__()  # the tokens streamed before the hang may come as one delta
         await generation.aclose()
         open_after_close = transport.open
         await backend.aclose()
         return open_after_close
 
     assert asyncio.run(run()) == 0
+
+
+def test_tokens_that_arrive_together_are_one_delta(responses_cache_server_factory: Any) -> None:
+    # While the turn is busy, the engine's next chunks queue up; they are decoded, parsed and
+    # yielded as one delta (one event, one frame to the client) instead of one per token.
+    renderer = ChatMLRenderer()
+    engine = FakeVllm(renderer.encoding, ["word " * 200 + "<|im_end|>"])
+    engine.default = Behaviour(chunk_tokens=1)
+    backend = _backend(responses_cache_server_factory, engine)
+
+    async def run() -> list[Any]:
+        generation = backend.generate(_request(renderer))
+        try:
+            first = await generation.__anext__()
+            await asyncio.sleep(0.5)  # busy: the engine streams the other ~200 chunks meanwhile
+            return [first, *[event async for event in generation]]
+        finally:
+            await backend.aclose()
+
+    events = asyncio.run(run())
+    deltas = [event for event in events if isinstance(event, TextDelta)]
+    assert "".join(delta.text for delta in deltas) == "word " * 200
+    assert len(deltas) <= 3  # one per chunk was 200
+
+
+def test_a_token_that_arrives_alone_is_yielded_before_the_next_is_sampled(responses_cache_server_factory: Any) -> None:
+    # Nothing waits for a batch to fill: the engine sends its next chunk only after the turn has
+    # the previous one, and each comes out on its own.
+    renderer = ChatMLRenderer()
+    engine = FakeVllm(renderer.encoding, ["one two three four<|im_end|>"])
+    gate = threading.Semaphore(0)
+    engine.default = Behaviour(chunk_tokens=1, hang_after=1, gate=gate)
+    backend = _backend(responses_cache_server_factory, engine)
+
+    async def run() -> list[str]:
+        texts: list[str] = []
+        try:
+            async for event in backend.generate(_request(renderer)):
+                if isinstance(event, TextDelta):
+                    texts.append(event.text)
+                gate.release()  # the engine's next chunk, only now
+        finally:
+            await backend.aclose()
+        return texts
+
+    texts = asyncio.run(asyncio.wait_for(run(), 20))
+    assert texts == [renderer.decode([t]) for t in renderer.encoding.encode("one two three four")]
