@@ -21,10 +21,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from websockets.exceptions import ConnectionClosed
 
-from responses_cache.testing import wait_for
-from tests.codex_cli import codex_binary, codex_environment
-from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
-from tests.store.proxies import (
+from benchmarks.suite.proxyproc import (
     HAPROXY_CONFIG,
     SITE,
     HAProxyProcess,
@@ -32,6 +29,9 @@ from tests.store.proxies import (
     ProxyProcess,
     binary,
 )
+from responses_cache.testing import wait_for
+from tests.codex_cli import codex_binary, codex_environment
+from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
 
 pytestmark = [pytest.mark.subprocess]
 
