@@ -220,11 +220,8 @@ def run(
             moved: list[bool] = []
 
             def watch(killed_at: float, killed_port: int) -> None:
-                while time.monotonic() < killed_at + timeout_s:
-                    if redis.primary_port() not in (0, killed_port):
-                        promoted.append(time.monotonic() - killed_at)
-                        return
-                    time.sleep(0.01)
+                if redis.wait_promoted(killed_port, killed_at + timeout_s - time.monotonic()):
+                    promoted.append(time.monotonic() - killed_at)
 
             async def scenario() -> list[str]:
                 stop = asyncio.Event()
