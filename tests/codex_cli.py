@@ -62,3 +62,23 @@ def codex_exec(binary: Path, base_url: str, tmp_path: Path, *, model: str | None
     argv, work, env = codex_environment(binary, base_url, tmp_path, model=model, task=task, api_key=api_key)
     return subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=180)
+
+
+def start_codex(binary: Path, base_url: str, tmp_path: Path, task: str, *, api_key: str | None = None
+                ) -> subprocess.Popen[str]:
+    """``codex exec`` of ``task`` in the background (as :func:`codex_exec` runs it), its output
+    piped: for a test that acts on the server while Codex works."""
+    argv, cwd, env = codex_environment(binary, base_url, tmp_path, task=task, api_key=api_key)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def running(command: str) -> bool:
+    """A process on this machine is running ``command`` (Codex runs a task's command under a shell)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if command in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import math
-import os
 import signal
 import tempfile
 import threading
@@ -33,14 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from responses_cache.testing import ServeProcess, serve_in_process
-
+from .deployment import MODEL, Deployment
 from .redisproc import SentinelProcess
 
 KEY = "sk-failover"
-MODEL = "sim-1"
-#: The shared key every process seals with (processes sharing a store need one).
-SEALING_KEY = base64.b64encode(bytes(range(32))).decode()
 
 
 @dataclass
@@ -169,14 +163,20 @@ class _Agent:
             await conn.close()
 
     def _failure(self, event: Any) -> Failure:
-        if event is None:
-            return Failure(self.name, self.clock.now(), "closed", None, None)
-        dumped: dict[str, Any] = event.model_dump()
-        if event.type == "error":
-            error = dumped.get("error") or {}
-            return Failure(self.name, self.clock.now(), "error", error.get("code"), dumped.get("status"))
-        error = (dumped.get("response") or {}).get("error") or {}
-        return Failure(self.name, self.clock.now(), "failed", error.get("code"), None)
+        return failure_of(self.name, self.clock.now(), event)
+
+
+def failure_of(agent: str, at_s: float, event: Any | None) -> Failure:
+    """The :class:`Failure` a turn's last event (``error``, ``response.failed`` or
+    ``.incomplete``; None: the connection closed before one) stands for."""
+    if event is None:
+        return Failure(agent, at_s, "closed", None, None)
+    dumped: dict[str, Any] = event.model_dump()
+    if event.type == "error":
+        error = dumped.get("error") or {}
+        return Failure(agent, at_s, "error", error.get("code"), dumped.get("status"))
+    error = (dumped.get("response") or {}).get("error") or {}
+    return Failure(agent, at_s, "failed", error.get("code"), None)
 
 
 async def _terminal(conn: Any) -> Any | None:
@@ -196,10 +196,6 @@ class _Clock:
         return time.monotonic() - self.zero
 
 
-def _records(ledgers: list[Path]) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in ledgers if path.exists() for line in path.read_text().splitlines()]
-
-
 def run(
     *, agents: int = 4, processes: int = 2, turns_before: int = 2, turns_after: int = 3,
     tokens_per_s: float = 400.0, down_after_ms: int = 200, failover_timeout_ms: int = 2000,
@@ -209,20 +205,11 @@ def run(
     from openai import AsyncOpenAI, OpenAI
 
     tmp = Path(work_dir or tempfile.mkdtemp(prefix="responses-cache-failover-"))
-    settings = tmp / "serve.toml"
-    settings.write_text(f"[backend_options]\noutput_tokens_per_s = {tokens_per_s}\nanswer_tokens = 12\n")
-    env = {**os.environ, "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY}
     with SentinelProcess(replicas=1, down_after_ms=down_after_ms, failover_timeout_ms=failover_timeout_ms) as redis:
-        ledgers = [tmp / f"usage-{index}.jsonl" for index in range(processes)]
-        servers: list[ServeProcess] = []
+        deployment = Deployment(tmp, redis.url, tokens_per_s, count=processes, key=KEY, answer_tokens=12)
+        servers = deployment.processes
         try:
-            for index in range(processes):
-                servers.append(serve_in_process(
-                    "--config", str(settings), "--api-key", KEY, "--store", redis.url,
-                    "--billing-jsonl", str(ledgers[index]), env=env, log=tmp / f"serve-{index}.log", wait=False,
-                ))
-            for server in servers:
-                server.wait_ready()
+            deployment.start_all()
             clock = _Clock()
             crowd = [
                 _Agent(AsyncOpenAI(base_url=servers[i % processes].http_url, api_key=KEY, max_retries=0), f"agent{i}", clock,
@@ -233,11 +220,8 @@ def run(
             moved: list[bool] = []
 
             def watch(killed_at: float, killed_port: int) -> None:
-                while time.monotonic() < killed_at + timeout_s:
-                    if redis.primary_port() not in (0, killed_port):
-                        promoted.append(time.monotonic() - killed_at)
-                        return
-                    time.sleep(0.01)
+                if redis.wait_promoted(killed_port, killed_at + timeout_s - time.monotonic()):
+                    promoted.append(time.monotonic() - killed_at)
 
             async def scenario() -> list[str]:
                 stop = asyncio.Event()
@@ -293,10 +277,9 @@ def run(
             for server in servers:
                 server.proc.wait(30)
         finally:
-            for server in servers:
-                server.kill()
+            deployment.stop()
     completed = [rid for agent in crowd for rid, _ in agent.completed]
-    records = _records(ledgers)
+    records = deployment.records()
     ids = [record["response_id"] for record in records]
     failures = sorted((f for agent in crowd for f in agent.failures), key=lambda f: f.at_s)
     other: dict[str, int] = {}

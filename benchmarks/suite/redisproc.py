@@ -328,6 +328,16 @@ class SentinelProcess:
                 return port
         raise RuntimeError(f"the Sentinel names no server of ours as primary (port {port})")
 
+    def wait_promoted(self, killed_port: int, timeout: float) -> bool:
+        """Whether the Sentinel names a server other than ``killed_port`` primary within
+        ``timeout`` seconds (asked every 10 ms)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.primary_port() not in (0, killed_port):
+                return True
+            time.sleep(0.01)
+        return False
+
     def primary_port(self) -> int:
         """The primary's port as the Sentinel names it now (0 if it cannot be asked)."""
         import redis

@@ -1,93 +1,20 @@
 """What the tests behind a real proxy share (``test_behind_a_proxy.py``):
-two ``responses-cache serve`` processes sharing a Redis store (:class:`Deployment`) and a coding
-agent over WebSocket mode that reconnects once on a close (:class:`Agent`)."""
+two ``responses-cache serve`` processes sharing a Redis store (:class:`Deployment`, from
+:mod:`benchmarks.suite.deployment`) and a coding agent over WebSocket mode that reconnects once
+on a close (:class:`Agent`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 
-from responses_cache.testing import ServeProcess, free_port, serve_in_process
+from benchmarks.suite.deployment import KEY, MODEL, TOOLS, Deployment
 
-KEY = "sk-proxy"
-MODEL = "sim-1"
-SEALING_KEY = base64.b64encode(bytes(range(32))).decode()
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"cmd": {"type": "string"}},
-            "required": ["cmd"],
-        },
-    }
-]
-@dataclass
-class Deployment:
-    """Two ``serve`` processes on fixed ports (so a restarted one is the same upstream), sharing a
-    Redis store and a sealing key, each writing usage records to a JSONL file per start."""
-
-    tmp: Path
-    store: str
-    tokens_per_s: float
-    ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
-    processes: list[ServeProcess] = field(default_factory=list)
-    ledgers: list[Path] = field(default_factory=list)
-
-    def start(self, index: int, *, wait: bool = True) -> ServeProcess:
-        settings = self.tmp / "serve.toml"
-        settings.write_text(
-            f"[backend_options]\noutput_tokens_per_s = {self.tokens_per_s}\nanswer_tokens = 24\n"
-        )
-        ledger = self.tmp / f"usage-{index}-{len(self.ledgers)}.jsonl"
-        self.ledgers.append(ledger)
-        server = serve_in_process(
-            "--port",
-            str(self.ports[index]),  # the last --port wins: the upstream nginx knows
-            "--config",
-            str(settings),
-            "--api-key",
-            KEY,
-            "--store",
-            self.store,
-            "--billing-jsonl",
-            str(ledger),
-            "--drain-timeout-s",
-            "30",
-            env={**os.environ, "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY},
-            log=self.tmp / f"serve-{index}-{len(self.ledgers)}.log",
-            wait=False,
-        )
-        server.port = self.ports[index]
-        if wait:
-            server.wait_ready()
-        if index < len(self.processes):
-            self.processes[index] = server
-        else:
-            self.processes.append(server)
-        return server
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            json.loads(line)
-            for path in self.ledgers
-            if path.exists()
-            for line in path.read_text().splitlines()
-        ]
-
-    def stop(self) -> None:
-        for server in self.processes:
-            server.kill()
+__all__ = ["KEY", "MODEL", "TOOLS", "Agent", "Deployment", "error_code", "terminal"]
 
 
 def error_code(event: Any) -> str | None:

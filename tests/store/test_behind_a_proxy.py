@@ -12,7 +12,6 @@ import asyncio
 import json
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from websockets.exceptions import ConnectionClosed
 
-from responses_cache.testing import wait_for
-from tests.codex_cli import codex_binary, codex_environment
-from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
-from tests.store.proxies import (
+from benchmarks.suite.proxyproc import (
     HAPROXY_CONFIG,
     SITE,
     HAProxyProcess,
@@ -32,6 +28,9 @@ from tests.store.proxies import (
     ProxyProcess,
     binary,
 )
+from responses_cache.testing import wait_for
+from tests.codex_cli import codex_binary, running, start_codex
+from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
 
 pytestmark = [pytest.mark.subprocess]
 
@@ -220,9 +219,9 @@ def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
     cli = codex_binary()
     marker = "hello-from-a-restart"
     command = f"sleep 6; echo {marker}"
-    codex = _start_codex(cli, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.")
+    codex = start_codex(cli, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.", api_key=KEY)
     try:
-        wait_for(lambda: _running(command), "Codex running the task's command", timeout=60)
+        wait_for(lambda: running(command), "Codex running the task's command", timeout=60)
         for index in (0, 1):
             old = deployment.processes[index]
             old.proc.send_signal(signal.SIGTERM)
@@ -252,22 +251,3 @@ def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
     assert call["previous_response_id"] is not None
     assert answer["previous_response_id"] is None
     assert answer["input_tokens"] > call["input_tokens"] + call["output_tokens"]
-
-
-def _start_codex(binary: Path, base_url: str, tmp_path: Path, task: str) -> subprocess.Popen[str]:
-    """``codex exec`` of ``task`` in the background (the same configuration as
-    :func:`tests.codex_cli.codex_exec`), with the proxy's API key."""
-    argv, cwd, env = codex_environment(binary, base_url, tmp_path, task=task, api_key=KEY)
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _running(command: str) -> bool:
-    """A process on this machine is running ``command`` (Codex runs it under a shell)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if command in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                return True
-        except OSError:
-            continue
-    return False

@@ -1,5 +1,6 @@
-"""Real proxies for the tests, in front of ``responses-cache serve`` processes, each configured
-as ``docs/deploy.md`` ships it with only its ports replaced:
+"""Real proxies in front of ``responses-cache serve`` processes, for the tests behind a proxy
+(``tests/store/test_behind_a_proxy.py``) and the rolling-restart load run (:mod:`.rolling_restart`),
+each configured as ``docs/deploy.md`` ships it with only its ports replaced:
 
 * nginx: the site configuration ``docs/nginx/responses-cache.conf``, inside a main configuration
   that keeps everything in a temporary prefix (no daemon, its pid, logs and temporary files there,
@@ -56,11 +57,17 @@ def _replaced(path: Path, replacements: dict[str, str]) -> str:
 def site_config(
     upstream_ports: Sequence[int], port: int, *, read_timeout_s: int | None = None
 ) -> str:
-    """The shipped site configuration with the test's ports (and, for the timeout test, another
-    ``proxy_read_timeout``)."""
-    replacements: dict[str, str] = {DOC_LISTEN: f"listen 127.0.0.1:{port};"}
-    for doc, upstream in zip(DOC_UPSTREAMS, upstream_ports, strict=True):
-        replacements[doc] = f"server 127.0.0.1:{upstream} "
+    """The shipped site configuration with the test's ports (a third process and more: more
+    ``server`` lines like the second) and, for the timeout test, another ``proxy_read_timeout``."""
+    if len(upstream_ports) < len(DOC_UPSTREAMS):
+        raise ValueError(f"the shipped configuration names {len(DOC_UPSTREAMS)} processes at least")
+    first, *rest = upstream_ports
+    last_line = next(line for line in SITE.read_text().splitlines(keepends=True) if DOC_UPSTREAMS[1] in line)
+    replacements: dict[str, str] = {
+        DOC_LISTEN: f"listen 127.0.0.1:{port};",
+        DOC_UPSTREAMS[0]: f"server 127.0.0.1:{first} ",
+        last_line: "".join(last_line.replace(DOC_UPSTREAMS[1], f"server 127.0.0.1:{p} ") for p in rest),
+    }
     if read_timeout_s is not None:
         replacements[DOC_READ_TIMEOUT] = f"proxy_read_timeout {read_timeout_s}s;"
     return _replaced(SITE, replacements)
