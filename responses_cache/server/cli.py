@@ -31,6 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ..edge.app import create_app
     from ..tokens.errors import VocabularyError
     from .allocator import return_large_blocks
+    from .collector import freeze_startup_objects
     from .serving import DrainingServer, uvicorn_config
     from .settings import SettingsError, load_settings
 
@@ -61,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
         app, host=host, port=port, limits=connection_limits(settings), log_level=settings.log_level,
         ws_max_size=settings.max_body_bytes,
     )
+    freeze_startup_objects()  # what start-up built is never walked by the garbage collector again
     DrainingServer(server, app.state.service, settings.drain_timeout_s).run()
     return 0
 
