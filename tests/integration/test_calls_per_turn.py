@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -42,10 +42,10 @@ def _counter() -> tuple[Callable[[FrameType, str, Any], None], list[int]]:
 async def _calls_per_turn(turns: int, measured: tuple[int, ...]) -> dict[int, tuple[int, int]]:
     engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=1_000_000, argument_tokens=40)))
     app = create_app(backend=engine, renderer="harmony", context_window=1 << 22)
-    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    lifespan_in: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    lifespan_out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    inbox: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    lifespan_in: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    lifespan_out: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
     lifespan = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
                                          lifespan_in.get, lifespan_out.put))
     await lifespan_in.put({"type": "lifespan.startup"})
