@@ -1,7 +1,8 @@
 """The connection cache packs each conversation's history behind its newest node: counted, not timed.
 
 A turn packs the nodes the lane's previous response left behind (its own input, the previous
-turn's output), never the history again, and an ordinary continuation unpacks nothing. A cached
+turn's output), never the history again, and an ordinary continuation unpacks nothing (nor does
+the simulated engine's scripted tool loop, which the benchmarks time in the server). A cached
 conversation then costs at most 6 bytes a cached token, walked object by object in the server
 (``benchmarks.suite.footprint``, the scale benchmark's measure). With the default in-process
 store, a ``store: true`` conversation is left unpacked: the store holds the very same items.
@@ -21,7 +22,7 @@ from websockets.sync.client import connect
 from wsclient import RENDERER
 
 from benchmarks.suite.footprint import cache_footprint
-from responses_cache import SimulatedConfig, SimulatedEngine
+from responses_cache import Scenario, SimulatedConfig, SimulatedEngine
 from responses_cache.conversation import Conversation, packing
 from responses_cache.session.session import Session
 
@@ -181,3 +182,27 @@ def test_a_lane_whose_client_resends_its_input_is_unpacked_once_and_kept_so(serv
         assert not any(n.packed for n in _nodes(session))
     assert [c["unpacked"] for c in counted] == [1, 0, 0, 0, 0, 0]
     assert [c["packed"] for c in counted] == [0] * 6
+
+
+def test_the_scenario_engine_plans_from_the_new_items_only(responses_cache_server_factory: Any) -> None:
+    """The simulated engine's scripted tool loop counts the tool outputs since the user's request:
+    from its previous count, so it reads no packed history (the benchmarks' server-side time stays
+    the server's), and the steps it numbers are those of a count over the whole history."""
+    engine = SimulatedEngine(SimulatedConfig(instant=True, scenario=Scenario(tool_calls=1_000, argument_tokens=20)))
+    server = responses_cache_server_factory(backend=engine, renderer=RENDERER)
+    body = {"model": "sim-1", "tools": TOOLS, "store": False}
+    steps: list[int] = []
+    unpacked: list[int] = []
+    with connect(server.ws_url, max_size=None, compression=None) as ws:
+        response = _turn(ws, {**body, "input": "Fix the parser."})
+        session = _session(response["id"])
+        for k in range(16):
+            call = next(o for o in response["output"] if o["type"] == "function_call")
+            steps.append(json.loads(call["arguments"])["step"])
+            _settled(server, session, response["id"])
+            before = packing.stats.unpacked
+            output = [{"type": "function_call_output", "call_id": call["call_id"], "output": SOURCES[k % len(SOURCES)]}]
+            response = _turn(ws, {**body, "previous_response_id": response["id"], "input": output})
+            unpacked.append(packing.stats.unpacked - before)
+    assert steps == list(range(1, 17))
+    assert unpacked == [0] * 16
