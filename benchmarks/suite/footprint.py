@@ -6,7 +6,8 @@ objects its cached :class:`~responses_cache.storage.state.ResponseState` values 
 once even when states share it. The categories say where cache memory goes:
 
 * ``token_log`` — token-log nodes and their ``array('I')`` segments;
-* ``conversation`` — conversation nodes and the decoded input/output items;
+* ``conversation`` — conversation nodes and the input/output items they hold: decoded objects, or
+  the packed form of a node behind the newest (:mod:`responses_cache.conversation.packing`);
 * ``response`` — the Response objects (what ``response.completed`` echoes);
 * ``other`` — open calls and hook state.
 
@@ -61,17 +62,18 @@ class _Walker:
         while node is not None and id(node) not in self.seen:
             self.seen.add(id(node))
             total += sys.getsizeof(node)
-            total += self.deep([node.own_items])
+            total += self.deep([node.held])  # not ``own_items``: that unpacks a packed node
             node = node.parent
         return total
 
 
-def cache_footprint() -> dict[str, Any]:
-    """Bytes held by every live connection cache, by category, and the tokens they cache."""
+def cache_footprint(of: Iterable[Any] | None = None) -> dict[str, Any]:
+    """Bytes held by every live connection cache (or by the sessions ``of``), by category, and
+    the tokens they cache."""
     from responses_cache.session.session import Session
 
     gc.collect()
-    sessions = [o for o in gc.get_objects() if isinstance(o, Session)]
+    sessions = list(of) if of is not None else [o for o in gc.get_objects() if isinstance(o, Session)]
     walker = _Walker()
     sizes = {"token_log": 0, "conversation": 0, "response": 0, "other": 0}
     tokens = 0

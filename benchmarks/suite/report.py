@@ -15,7 +15,7 @@ from .compare import ALL
 WS_P50_MS = 1.0
 FULL_OVER_WS_AT_100K = 50.0
 ROLLOUT_OVER_FLOOR = 0.05
-SCALE_BYTES_PER_TOKEN = 8.0
+SCALE_BYTES_PER_TOKEN = 6.0
 HTTP_PREV_OVER_WS = 1.5
 
 _BIN_TOKENS = 8_000  # plot: one median point per 8k tokens of history
@@ -82,7 +82,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         bpt = scale["object_bytes_per_token"]
         out.append(
             _target(
-                "Cache memory <= 8 bytes/token (cached objects)",
+                "Cache memory <= 6 bytes/token (cached objects)",
                 bpt,
                 "B/token",
                 bpt <= SCALE_BYTES_PER_TOKEN,

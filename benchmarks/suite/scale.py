@@ -161,6 +161,9 @@ def _memory(
     server: ServerProcess, opts: ScaleOptions, rss_before: int, client_tokens: int
 ) -> dict[str, Any]:
     """Server RSS growth and cache footprint per cached token, now."""
+    # A turn's client has its terminal event before the server puts the response in the cache
+    # (and packs the history behind it): let the last turns get there first.
+    time.sleep(0.5)
     stats = server.get("/_bench/stats?footprint=1")
     footprint = stats["footprint"]
     tokens = int(footprint["cached_tokens"]) or client_tokens

@@ -121,6 +121,9 @@ class SimulatedEngine:
         self._clock = clock
         self._kv = PrefixCache(self.config.kv_cache_tokens, self.config.kv_block_tokens)
         self._resume: LRUCache[str, tuple[TokenLog, tuple[int, bytes]]] = LRUCache(maxsize=4096)
+        #: Per conversation (``affinity_key``), the last context a scenario counted its tool
+        #: outputs in, and the count (see :meth:`_calls_since_user`).
+        self._tallies: LRUCache[str, tuple[Conversation, int]] = LRUCache(maxsize=256)
         self.prefilled_tokens = 0
         self.requests = 0
 
@@ -263,17 +266,36 @@ class SimulatedEngine:
     def _scenario_plan(
         self, request: GenerationRequest, scenario: Scenario, functions: list[tuple[str | None, FunctionTool]]
     ) -> _Plan:
-        calls_done = 0
-        for item in request.conversation.reversed_items():
-            if isinstance(item, FunctionCallOutput):
-                calls_done += 1
-            elif isinstance(item, Message) and item.role == "user":
-                break
+        calls_done = self._calls_since_user(request)
         if calls_done < scenario.tool_calls and functions:
             namespace, function = functions[0]
             payload = (_FILLER * (1 + scenario.argument_tokens // 20))[: scenario.argument_tokens * 4]
             return _Plan(call=function, namespace=namespace, arguments=json.dumps({"step": calls_done + 1, "note": payload}))
         return _Plan(text=(_FILLER * (1 + scenario.answer_tokens // 20))[: scenario.answer_tokens * 4])
+
+
+    def _calls_since_user(self, request: GenerationRequest) -> int:
+        """Tool outputs in the conversation since its last user message: counted back from the
+        newest item, down to the context this conversation's previous request counted (kept per
+        ``affinity_key``), so a long tool loop reads only its new items, and never the packed
+        history behind them (:mod:`~responses_cache.conversation.packing`)."""
+        calls = 0
+        known = self._tallies.get(request.affinity_key)
+        node: Conversation | None = request.conversation
+        while node is not None:
+            if known is not None and node is known[0]:
+                calls += known[1]
+                break
+            for item in reversed(node.own_items):
+                if isinstance(item, Message) and item.role == "user":
+                    node = None
+                    break
+                if isinstance(item, FunctionCallOutput):
+                    calls += 1
+            else:
+                node = node.parent
+        self._tallies[request.affinity_key] = (request.conversation, calls)
+        return calls
 
 
 class PrefixCache:

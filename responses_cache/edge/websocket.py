@@ -64,6 +64,7 @@ from ..session.session import (
     held_frame,
 )
 from ..storage.state import ResponseState
+from ..storage.store import holds_items
 from .host import HostScope
 
 logger = logging.getLogger("responses_cache.websocket")
@@ -349,7 +350,10 @@ class _Connection:
         self.ws = websocket
         self._asgi_send = send
         self.responder = mode.service.core
-        self.session = Session(tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget)
+        self.session = Session(
+            tenant, mode.config, now=time.monotonic(), input_budget=mode.input_budget,
+            pack_stored=not holds_items(self.responder.store),
+        )
         rate = mode.service.input_rate
         #: This connection's input rate budget (``None``: unlimited).
         self.input = rate.open(tenant) if rate is not None else None

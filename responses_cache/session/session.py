@@ -185,6 +185,9 @@ class PendingTurn:
     size: int = 0
     #: Refused before it ran (a quota): its parent stays cached for the client's retry.
     never_ran: bool = False
+    #: Sent its whole input, matched against the lane's cached conversation: its client reads
+    #: every item of that conversation each turn, so the lane's history is kept unpacked.
+    resent: bool = False
 
 
 class SessionState(Enum):
@@ -229,15 +232,24 @@ class TurnView:
 
 class ConnectionCache:
     """The latest response of each lane, findable by id, plus the last few responses a lane
-    superseded (for a grace period). Bounded by the session's budget."""
+    superseded (for a grace period). Bounded by the session's budget.
 
-    def __init__(self, keep_superseded: int = 0, grace_s: float = 0.0) -> None:
+    A response put here has the history behind its newest conversation node packed
+    (:meth:`~responses_cache.conversation.Conversation.pack_behind`): the nodes it added since
+    the lane's last response, once each, so a turn packs about its own items and every reader
+    still gets them, unpacked on demand. Not packed: a response put with ``pack=False`` (its
+    client resends its whole input, which is matched item by item against the history every
+    turn), and with ``pack_stored=False`` a ``store: true`` response (the response store keeps
+    the very same items in this process, so packing them would free nothing)."""
+
+    def __init__(self, keep_superseded: int = 0, grace_s: float = 0.0, *, pack_stored: bool = True) -> None:
         #: Each lane's latest response; dict order doubles as recency order (oldest first).
         self._latest: dict[str | None, ResponseState] = {}
         #: (lane, state, expires at), oldest first; at most ``keep_superseded`` entries.
         self._superseded: deque[tuple[str | None, ResponseState, float]] = deque(maxlen=max(keep_superseded, 1))
         self._keep = keep_superseded
         self._grace_s = grace_s
+        self._pack_stored = pack_stored
 
     @property
     def latest(self) -> Mapping[str | None, ResponseState]:
@@ -273,12 +285,14 @@ class ConnectionCache:
                 return lane, state
         return None
 
-    def put(self, lane: str | None, state: ResponseState, now: float = 0.0) -> None:
+    def put(self, lane: str | None, state: ResponseState, now: float = 0.0, *, pack: bool = True) -> None:
         old = self._latest.pop(lane, None)
         self._latest[lane] = state  # re-insert: dict order doubles as recency order
         if old is not None and self._keep > 0 and _descends(state.conversation, old.conversation):
             self._superseded.append((lane, old, now + self._grace_s))
         self._expire(now)
+        if pack and (self._pack_stored or not state.store):
+            state.conversation.pack_behind()
 
     def evict(self, response_id: str) -> None:
         for lane, state in list(self._latest.items()):
@@ -354,14 +368,24 @@ def _total_bytes(state: ResponseState) -> int:
 
 class Session:
     def __init__(
-        self, tenant: str, config: SessionConfig | None = None, *, now: float = 0.0, input_budget: InputBudget | None = None
+        self,
+        tenant: str,
+        config: SessionConfig | None = None,
+        *,
+        now: float = 0.0,
+        input_budget: InputBudget | None = None,
+        pack_stored: bool = True,
     ) -> None:
         self.tenant = tenant
         self.input_budget = input_budget
         #: Bytes held by this connection's accepted, unfinished turns (their :func:`frame_cost`).
         self.queued_bytes = 0
         self.config = config or SessionConfig()
-        self.cache = ConnectionCache(self.config.superseded_keep, self.config.superseded_grace_s)
+        #: ``pack_stored``: see :class:`ConnectionCache` (``False`` where the response store
+        #: keeps ``store: true`` items in this process).
+        self.cache = ConnectionCache(
+            self.config.superseded_keep, self.config.superseded_grace_s, pack_stored=pack_stored
+        )
         #: The connection's items by id, for ``item_reference`` inputs (store true or false).
         self.items = ItemIndex(self.config.max_referenceable_items, max_bytes=self.config.max_referenceable_bytes)
         self.deadline = now + self.config.lifetime_s
@@ -596,6 +620,9 @@ class Session:
         request = pending.request
         if state.instructions != request.instructions or state.tools.fingerprint != tools_fingerprint:
             return None
+        # A client that resends its whole input has every item compared each turn: its lane's
+        # history is unpacked once, here, and no longer packed (see ``PendingTurn.resent``).
+        state.conversation.unpack_all()
         cached = state.conversation.items()
         skip = 0
         ahead: list[Item] = []
@@ -617,6 +644,7 @@ class Session:
         count, identical = reusable_prefix(cached, view, state.token_log)
         if count <= len(ahead):
             return None
+        pending.resent = True
         return rebased(state, view, count, identical, renderer), skip + count - len(ahead)
 
     def finished(self, pending: PendingTurn, state: ResponseState | None, now: float = 0.0) -> None:
@@ -632,7 +660,7 @@ class Session:
             assert state is not None
             if not self.config.retain_token_log and state.token_log is not None:
                 state = dataclasses.replace(state, token_log=None, fingerprint=None)
-            self.cache.put(pending.lane, state, now)
+            self.cache.put(pending.lane, state, now, pack=not pending.resent)
             self.cache.shrink_to(self.config.max_cached_items, self.config.max_cached_bytes)
         self._steered(pending, state, now)
         if ok:

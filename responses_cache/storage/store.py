@@ -108,6 +108,8 @@ class MemoryResponseStore:
     """
 
     keeps_snapshots = False
+    #: It keeps the very objects it is handed, items included (see :func:`holds_items`).
+    holds_items = True
 
     def __init__(
         self,
@@ -207,6 +209,14 @@ class MemoryResponseStore:
     def _count(self, bound: Bound, key: tuple[str, str]) -> None:
         if self.evicted is not None:
             self.evicted(bound, *key)
+
+
+def holds_items(store: object) -> bool:
+    """Whether ``store`` keeps a stored response's item objects themselves, in this process (the
+    memory store does): the connection caches then leave the history of ``store: true``
+    responses unpacked, since the store holds the same items and packing them would only add
+    the packed copy. A store without the attribute (Redis, a custom one) does not."""
+    return bool(getattr(store, "holds_items", False))
 
 
 class _Getter(Protocol):
