@@ -166,6 +166,8 @@ def test_with_history_keep_the_server_evaluates_only_the_new_turn_as_for_token_i
         timings = recorder.timings(n)
         assert timings["cache_n"] == len(before) - 1, (n, timings, len(before))
         assert timings["prompt_n"] == len(prompts[n]) - len(before) + 1, (n, timings, len(prompts[n]), len(before))
+    # The server's log says the same (what the benchmark reads for every path).
+    assert qwen.server.evaluated()[-(turns - 1):] == [recorder.timings(n)["prompt_n"] for n in range(1, turns)]
 
 
 def test_a_prompt_over_the_context_is_refused_before_the_response_exists(
