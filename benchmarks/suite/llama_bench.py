@@ -1,7 +1,8 @@
 """Per-turn latency against a real ``llama-server``: responses-cache WebSocket mode vs the server's
 own endpoints with the whole history each turn, and vs token ids straight to the server.
 
-``python -m benchmarks.suite.llama_bench [--history 1000 8000 30000] [--output 16 256] [--turns 3]``
+``python -m benchmarks.suite.llama_bench [--history 1000 8000 30000] [--output 16 256] [--turns 3]
+[--keep keep template]``
 
 One ``llama-server`` (built by :mod:`.llamaproc`, one slot, CPU) serves the engine suite's tiny
 random-weight Qwen-style GGUF (Qwen3's real tokenizer and template). For each history size and
@@ -11,18 +12,27 @@ each a short new user message; every answer is exactly ``output`` tokens (``igno
 
 * ``floor``: token ids straight to ``POST /completion`` (the previous prompt, its answer's ids and
   the new turn's ids; ``cache_prompt``), what any client of the server pays at least;
-* ``responses-cache``: WebSocket mode (``previous_response_id`` and the new message only) through
-  ``responses-cache`` in its own process, ``--backend llamacpp``, ``renderer = "gguf:<file>"``;
+* ``ws keep`` / ``ws template``: WebSocket mode (``previous_response_id`` and the new message
+  only) through ``responses-cache`` in its own process, the ``llamacpp`` backend,
+  ``renderer = "gguf:<file>"`` with the renderer's history mode (``--keep``): ``keep`` holds the
+  ids the model sampled, as the floor does; ``template`` (the renderer's default) renders each
+  answer from its text, which the random model's noise often tokenizes to other ids than it
+  sampled, so the server evaluates that answer again (a real model's answers mostly tokenize to
+  what it sampled);
 * ``chat``: ``POST /v1/chat/completions`` with the whole history each turn (streaming);
 * ``responses``: the server's own ``POST /v1/responses`` with the whole history each turn.
 
-Time to first token (the first text delta) and turn time (request to the end of the stream), the
-median over the measured turns, and each path's ratio to the floor, are printed as a table.
+Time to first token (from the request's sending to the first text: a chunk with ``content`` for
+the floor, a text delta for the others; a token that ends inside a character has none) and turn
+time (to the end of the stream), the median over the measured turns, each path's ratio to the floor, and the median of
+the prompt tokens the server evaluated per measured turn (its log: what its slot's cache did not
+hold) are printed as a table; each row's progress line also has every turn's times.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -30,7 +40,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +91,7 @@ def _checked(response: httpx.Response) -> httpx.Response:
 
 
 def _ids(response: httpx.Response, sampled: list[int]) -> Iterator[dict[str, Any]]:
+    """The stream's chunks, keeping the sampled ids."""
     for chunk in _sse(response):
         sampled.extend(chunk.get("tokens") or ())
         yield chunk
@@ -110,16 +121,21 @@ def _ws_events(ws: Any) -> Iterator[dict[str, Any]]:
 
 
 class Paths:
-    """The four ways of sending one conversation's turns."""
+    """The ways of sending one conversation's turns (``fronts``: responses-cache's URL by the
+    renderer's history mode)."""
 
-    def __init__(self, server: llamaproc.LlamaServer, front: str, output: int) -> None:
-        self.server, self.front, self.output = server, front, output
+    def __init__(self, server: llamaproc.LlamaServer, fronts: dict[str, str], output: int) -> None:
+        self.server, self.fronts, self.output = server, fronts, output
         # A connection per request: llama-server may close one after a chat stream, and a reused
         # one would then fail (WebSocket mode keeps its one connection, as clients do).
         self.client = httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
-    def _timed(self, events: Iterator[Any], first: Any) -> tuple[float, float, Any]:
-        start = time.perf_counter()
+    @staticmethod
+    def _timed(start: float, events: Iterator[Any], first: Any) -> tuple[float, float, Any]:
+        """(time to the first event that ``first`` accepts, to the last, the last event), from
+        ``start``: taken before the request is sent -- an HTTP client's ``stream()`` returns only
+        once the response's headers are in, which ``llama-server`` sends anywhere from when it
+        takes the request to with its first token."""
         ttft: float | None = None
         last = None
         for event in events:
@@ -141,8 +157,9 @@ class Paths:
             body = {"prompt": prompt, "stream": True, "cache_prompt": True, "return_tokens": True,
                     "n_predict": self.output, "ignore_eos": True, "temperature": 0, "id_slot": 0}
             sampled: list[int] = []
+            start = time.perf_counter()
             with self.client.stream("POST", self.server.url + "/completion", json=body) as response:
-                ttft, total, _ = self._timed(_ids(_checked(response), sampled), lambda c: bool(c.get("tokens")))
+                ttft, total, _ = self._timed(start, _ids(_checked(response), sampled), lambda c: bool(c.get("content")))
             prompt = prompt + sampled
             if n:
                 results.append((ttft, total))
@@ -157,8 +174,9 @@ class Paths:
             body = {"model": "tiny", "messages": messages, "stream": True, "max_tokens": self.output,
                     "ignore_eos": True, "temperature": 0}
             answer: list[str] = []
+            start = time.perf_counter()
             with self.client.stream("POST", self.server.url + "/v1/chat/completions", json=body) as response:
-                ttft, total, _ = self._timed(_chat_deltas(_checked(response), answer), bool)
+                ttft, total, _ = self._timed(start, _chat_deltas(_checked(response), answer), bool)
             messages.append({"role": "assistant", "content": "".join(answer)})
             if n:
                 results.append((ttft, total))
@@ -173,25 +191,27 @@ class Paths:
             body = {"model": "tiny", "input": items, "stream": True, "max_output_tokens": self.output,
                     "ignore_eos": True, "temperature": 0}
             answer: list[str] = []
+            start = time.perf_counter()
             with self.client.stream("POST", self.server.url + "/v1/responses", json=body) as response:
-                ttft, total, _ = self._timed(_response_deltas(_checked(response), answer), bool)
+                ttft, total, _ = self._timed(start, _response_deltas(_checked(response), answer), bool)
             items.append(_item("assistant", "".join(answer)))
             if n:
                 results.append((ttft, total))
         return results
 
-    def websocket(self, base: list[dict[str, str]], turns: list[str]) -> list[tuple[float, float]]:
+    def websocket(self, base: list[dict[str, str]], turns: list[str], mode: str) -> list[tuple[float, float]]:
         from websockets.sync.client import connect
 
         results = []
         previous = None
-        with connect(self.front.replace("http://", "ws://") + "/v1/responses", max_size=None) as ws:
+        with connect(self.fronts[mode].replace("http://", "ws://") + "/v1/responses", max_size=None) as ws:
             for n, text in enumerate([None, *turns]):
                 items = [_item(m["role"], m["content"]) for m in base] if text is None else [_item("user", text)]
+                start = time.perf_counter()
                 ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": items, "store": False,
                                     "previous_response_id": previous, "max_output_tokens": self.output,
                                     "temperature": 0}))
-                ttft, total, last = self._timed(_ws_events(ws), lambda e: e["type"] == "response.output_text.delta")
+                ttft, total, last = self._timed(start, _ws_events(ws), lambda e: e["type"] == "response.output_text.delta")
                 assert last["type"] in ("response.completed", "response.incomplete"), last
                 previous = last["response"]["id"]
                 if n:
@@ -235,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--log", action="store_true", help="print the server's log of each run")
     parser.add_argument("--threads", type=int, default=1, help="llama-server's threads (default 1)")
-    parser.add_argument("--keep", choices=["template", "keep"], default="template",
-                        help="the renderer's history mode: keep the sampled ids of each answer in the log")
+    parser.add_argument("--keep", choices=["keep", "template"], nargs="+", default=["keep", "template"],
+                        help="the renderer's history modes to run WebSocket mode with (keep: the sampled ids "
+                             "of each answer stay in the log, as the floor sends them; template: the default)")
     args = parser.parse_args(argv)
     from tests.tokens.hf_assets import real_model_dir
 
@@ -253,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # client and the responses-cache process need the rest.
     with llamaproc.LlamaServer(build, gguf, alias="tiny", slots=1, context=context, threads=args.threads,
                                startup_timeout=300) as server:
-        front, url = _front(server, gguf, args.keep)
+        fronts = {mode: _front(server, gguf, mode) for mode in args.keep}
         try:
             def count(messages: list[dict[str, str]]) -> int:
                 text = server.post("/apply-template", {"messages": messages})["prompt"]
@@ -263,11 +284,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base_tokens = count(base)
                 turns = [f"Turn {n}: what next?" for n in range(args.turns)]
                 for output in args.output:
-                    paths = Paths(server, url, output)
-                    measured = {name: getattr(paths, name)(base, turns)
-                                for name in ("floor", "websocket", "chat", "responses")}
-                    rows.append((base_tokens, output, {name: (statistics.median(t for t, _ in r), statistics.median(w for _, w in r))
-                                                       for name, r in measured.items()}))
+                    paths = Paths(server, {mode: url for mode, (_, url) in fronts.items()}, output)
+                    runs: dict[str, Callable[[list[dict[str, str]], list[str]], list[tuple[float, float]]]]
+                    runs = {"floor": paths.floor}
+                    runs.update({f"ws {mode}": functools.partial(paths.websocket, mode=mode) for mode in args.keep})
+                    runs.update(chat=paths.chat, responses=paths.responses)
+                    measured = {}
+                    for name, run in runs.items():
+                        before = len(server.evaluated())
+                        times = run(base, turns)
+                        evaluated = server.evaluated()[before:][-len(times):]  # the measured turns'
+                        measured[name] = Measured(times, evaluated)
+                    rows.append((base_tokens, output, measured))
                     print(_row(*rows[-1]), flush=True)
                     if args.log:
                         print(server.tail(200), flush=True)
@@ -275,34 +303,57 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"llama-server's log ends:\n{server.tail(30)}", file=sys.stderr)
             raise
         finally:
-            front.terminate()
-            front.wait(30)
+            for front, _ in fronts.values():
+                front.terminate()
+                front.wait(30)
     print()
     print(_table(rows))
     return 0
 
 
-_NAMES = {"floor": "token ids", "websocket": "responses-cache WS", "chat": "chat, full history",
-          "responses": "/v1/responses, full history"}
+class Measured:
+    """One path's measured turns: (time to first token, turn time) each, in seconds, and the
+    prompt tokens the server evaluated for each."""
+
+    def __init__(self, times: list[tuple[float, float]], evaluated: list[int]) -> None:
+        self.times, self.evaluated = times, evaluated
+
+    @property
+    def ttft(self) -> float:
+        return statistics.median(t for t, _ in self.times)
+
+    @property
+    def turn(self) -> float:
+        return statistics.median(w for _, w in self.times)
+
+    @property
+    def prompt(self) -> float:
+        return statistics.median(self.evaluated) if self.evaluated else float("nan")
 
 
-def _row(tokens: int, output: int, medians: dict[str, tuple[float, float]]) -> str:
-    floor_ttft, floor_turn = medians["floor"]
-    cells = [f"{_NAMES[n]} {t * 1000:.1f}/{w * 1000:.1f} ms (x{t / floor_ttft:.2f}/x{w / floor_turn:.2f})"
-             for n, (t, w) in medians.items()]
+_NAMES = {"floor": "token ids", "ws keep": "responses-cache WS, keep", "ws template": "responses-cache WS, template",
+          "chat": "chat, full history", "responses": "/v1/responses, full history"}
+
+
+def _row(tokens: int, output: int, measured: dict[str, Measured]) -> str:
+    floor = measured["floor"]
+    cells = [f"{_NAMES[n]} {m.ttft * 1000:.1f}/{m.turn * 1000:.1f} ms (x{m.ttft / floor.ttft:.2f}/x{m.turn / floor.turn:.2f}; "
+             f"turns {', '.join(f'{t * 1000:.1f}/{w * 1000:.1f}' for t, w in m.times)}; evaluated {m.evaluated})"
+             for n, m in measured.items()]
     return f"history {tokens} tokens, {output} out: " + "; ".join(cells)
 
 
-def _table(rows: list[tuple[int, int, dict[str, tuple[float, float]]]]) -> str:
-    head = "| history | output | " + " | ".join(f"{_NAMES[n]}: TTFT / turn (ms)" for n in _NAMES) + " |"
-    lines = [head, "|" + "---|" * (2 + len(_NAMES))]
-    for tokens, output, medians in rows:
-        floor_ttft, floor_turn = medians["floor"]
+def _table(rows: list[tuple[int, int, dict[str, Measured]]]) -> str:
+    names = [n for n in _NAMES if rows and n in rows[0][2]]
+    head = "| history | output | " + " | ".join(f"{_NAMES[n]}: TTFT / turn (ms) [evaluated]" for n in names) + " |"
+    lines = [head, "|" + "---|" * (2 + len(names))]
+    for tokens, output, measured in rows:
+        floor = measured["floor"]
         cells = []
-        for name in _NAMES:
-            ttft, turn = medians[name]
-            ratio = "" if name == "floor" else f" (x{ttft / floor_ttft:.2f} / x{turn / floor_turn:.2f})"
-            cells.append(f"{ttft * 1000:.1f} / {turn * 1000:.1f}{ratio}")
+        for name in names:
+            m = measured[name]
+            ratio = "" if name == "floor" else f" (x{m.ttft / floor.ttft:.2f} / x{m.turn / floor.turn:.2f})"
+            cells.append(f"{m.ttft * 1000:.1f} / {m.turn * 1000:.1f}{ratio} [{m.prompt:.0f}]")
         lines.append(f"| {tokens} | {output} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -46,6 +47,8 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF",
                "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                "-DBUILD_SHARED_LIBS=OFF")
+#: The server's log line for each task's prompt: ``prompt eval time = 6.46 ms / 18 tokens (…``.
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
 #: The build's niceness and parallelism: it shares a small machine with the rest of the suite.
 BUILD_NICE = 10
 BUILD_JOBS = 2
@@ -235,6 +238,11 @@ class LlamaServer:
             if f"release: id {slot:2d} |" in line and "n_tokens = " in line:
                 found.append(int(line.split("n_tokens = ")[1].split(",")[0]))
         return found
+
+    def evaluated(self) -> list[int]:
+        """The prompt tokens each task so far had to evaluate (its log's ``prompt eval time``
+        line: what its slot's prompt cache did not hold), in order."""
+        return [int(n) for n in _PROMPT_EVAL.findall(self.log.read_text(errors="replace"))]
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

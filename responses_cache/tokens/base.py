@@ -72,6 +72,10 @@ class RenderStats:
     sampled_unsplit: int = 0
     #: Sampled turns whose ids lacked the template's structure (rendered from the items instead).
     sampled_rejected: int = 0
+    #: ``hf``, ``history="keep"``: turns whose ids were kept through a rewrite of the text around
+    #: them, because they still spell the template's new text for them (Qwen3's empty thinking
+    #: block on the last answer, gone once a message follows it).
+    sampled_kept: int = 0
     #: History rewrites (a template rule flipped and nodes were relinked).
     rewinds: int = 0
     #: Nodes relinked by those rewrites (their tokens are reused, not re-encoded).

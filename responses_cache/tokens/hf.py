@@ -26,8 +26,12 @@ a long history every turn would cost O(messages). Each turn instead:
   that adds a system or developer message renders the whole conversation (templates gather those
   into a header before the window);
 * **certifies the window**: its text for the old items (after the head's) must equal the end of
-  the log's text, and adding the new items must only append to it; otherwise (a short
-  conversation, a template that rewrites, a window that renders the old items differently) the
+  the log's text, and adding the new items must only append to it, or rewrite only text from a
+  turn start inside the window on (Qwen3's last answer loses its empty thinking block once a
+  message follows it, its reasoning once a user message does: the window of a turn adding a
+  message starts at the last user message, so such rewrites show inside it), which is then
+  tokenized again from that turn's start, as a whole rendering would be; otherwise (a short
+  conversation, a rewrite before the window, a window that renders the old items differently) the
   template runs over the whole conversation, exactly as ``apply_chat_template`` would. The text
   of the window without the new items is known when the previous turn used the same window (its
   certificate, kept on the log as the window's start and length): the window is kept while it
@@ -63,8 +67,12 @@ header. The prefix check detects every such case, and ``history`` decides:
     Keep the token log as sampled: an assistant turn's segment is the generation prompt plus the
     ids the model sampled (its end token, then the text the template puts after that token), and
     later turns append the template's text for the new items. When the template rewrites its own
-    earlier text, there is no log-preserving prompt it describes, so ``keep`` follows the
-    template for that turn, like ``"template"``.
+    earlier text, the turns whose ids still spell the template's new text keep them (Qwen3 writes
+    an empty thinking block in its last answer and drops it once a message follows: the model
+    never sampled it, so the prompt is still the log plus the new turn, as a client sending token
+    ids straight to the engine would send, and the engine's prefix cache serves the whole
+    answer); from the first turn that does not (reasoning a template drops), there is no
+    log-preserving prompt it describes, so ``keep`` follows the template, like ``"template"``.
 
 Both count a rewrite in ``stats.rewinds``; no other prompt is ever sent.
 """
@@ -141,6 +149,19 @@ def _starts_group(item: Item | None, before: object) -> bool:
     return isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and not isinstance(
         previous, (FunctionCallOutput, CustomToolCallOutput)
     )
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (by bisection: each step one
+    comparison in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if b.startswith(a[:mid]):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _kind(item: Item | None) -> str:
@@ -766,22 +787,43 @@ class HFRenderer:
         """After a rewrite: the last turn start (an index into ``chain``) whose earlier text the
         new text still begins with, and the tokens of the new text from there; None if none."""
         old = "".join(p.text for p in pieces)
-        low, high = 0, min(len(old), len(text))  # the common prefix, by bisection (memcmp)
-        while low < high:
-            mid = (low + high + 1) // 2
-            if text.startswith(old[:mid]):
-                low = mid
-            else:
-                high = mid - 1
+        low = _common_prefix(old, text)
         offset = sum(len(p.text) for p in pieces)
         for k in range(len(chain) - 1, 0, -1):
             offset -= len(pieces[k].text)
             if chain[k].flags & JOINED or offset > low:
                 continue
-            ids = self._tokens_after(old[:offset], text[offset:])
+            ids = self._retokenize(chain[k:], old[:offset], text[offset:])
             if ids is not None:
                 return k, ids
         return None
+
+    def _retokenize(self, nodes: Sequence[Node], old: str, new: str, *, whole: bool = True) -> list[int] | None:
+        """The ids of ``new``, the template's text from the start of the turn ``nodes`` begins
+        with (the log's nodes from there on) after the log's text ``old`` (``whole``: all of it);
+        None when tokens would merge across that boundary. With ``history="keep"`` the turns from
+        there on whose ids still spell the start of ``new`` keep them, and only the text after
+        them is tokenized: what the template rewrote was around the ids the model sampled, not in
+        them (Qwen3's empty thinking block, written in the last answer and dropped once a message
+        follows it, was never sampled)."""
+        if self.history == "keep":
+            kept: list[int] = []
+            turns = at = 0
+            for node in nodes:
+                if node.flags & JOINED:
+                    continue
+                spelled = self.decode(node.seg)
+                if not spelled or not new.startswith(spelled, at):
+                    break
+                kept.extend(node.seg)
+                at += len(spelled)
+                turns += 1
+            if turns:
+                rest = self._tokens_after(old + new[:at], new[at:], whole=whole)
+                if rest is not None:
+                    self._stats.sampled_kept += turns
+                    return kept + rest
+        return self._tokens_after(old, new, whole=whole)
 
     def _keep_sampled(self, tip: _Piece, added: str, sampled: Sequence[int] | None) -> array[int] | None:
         if sampled is None or self.history != "keep":
@@ -818,6 +860,8 @@ class HFRenderer:
         match = self._match_log(window, text, known)
         if match is None:
             return None
+        if not text.after.startswith(text.before):
+            return self._rewrite_window(window, items, text, match)
         return self._append_window(window, items, sampled, text, match)
 
     def _window(self, node: Node, items: Sequence[Item]) -> _Window | None:
@@ -930,15 +974,15 @@ class HFRenderer:
         return before, (old_tail, whole)
 
     def _match_log(self, window: _Window, text: _WindowText, known: tuple[str, bool] | None) -> _LogMatch | None:
-        """Certify the window: its text must start with the head's, end with the log's text (what
-        ``known`` holds when the window is reused, else read here) and be only appended to by the
-        new items. None when it is not (counted in ``stats.window_misses`` when the log's text
-        differs)."""
+        """Certify the window's old items: its text must start with the head's and end with the
+        log's text (what ``known`` holds when the window is reused, else read here). None when it
+        does not (counted in ``stats.window_misses`` when the log's text differs). Whether the new
+        items only append to that text is the caller's to see."""
         before = text.before
         head_text = window.tip.head_text
         if (head_text is None or not before.startswith(head_text)) and window.reused is None:
             head_text = self._head_in_context(window.node, window.tail, before)
-        if head_text is None or not before.startswith(head_text) or not text.after.startswith(before):
+        if head_text is None or not before.startswith(head_text):
             return None
         if known is None:
             recent = before[len(head_text) :]
@@ -970,6 +1014,45 @@ class HFRenderer:
         recent = len(text.before) - len(match.head_text)
         certificate = _Certificate((window.tail[0].index, recent + len(added)), match.head_text, text.messages)
         return self._append(window.node, items, added, array("I", ids) if seg is None else seg, gen, certificate)
+
+    def _rewrite_window(self, window: _Window, items: Sequence[Item], text: _WindowText, match: _LogMatch) -> TokenLog | None:
+        """The new items make the template rewrite the window's text for old items (Qwen3 writes
+        an empty thinking block in its last answer and drops it once a message follows, and drops
+        the reasoning after the last user message once a new one comes). As a rendering of the
+        whole conversation would (:meth:`_keep_turns`), the log keeps every turn before the
+        rewritten one and the text from that turn's start on is tokenized again (with
+        ``history="keep"``, :meth:`_retokenize` keeps the ids of turns that still spell it) --
+        taken from the window's own text, without running the template over the whole
+        conversation: by the window's rule a template rewrites nothing before the last user
+        message, where the window of a turn that adds one starts. None (the whole conversation is
+        rendered) when the rewrite reaches back before the window's first turn start."""
+        before, after = text.before, text.after
+        if not text.prompt.startswith(after):
+            return None
+        common = _common_prefix(before, after)
+        suffix = 0
+        newest_first: list[Node] = []
+        for node in reversed(window.tail):
+            suffix += len(self._piece(node).text)
+            newest_first.append(node)
+            at = len(before) - suffix  # where the node's turn starts in the window's text
+            if node.flags & JOINED or at > common:
+                continue
+            old = match.old_tail[: len(match.old_tail) - suffix]  # the log's text before the turn
+            nodes = newest_first[::-1]
+            ids = self._retokenize(nodes, old, after[at:], whole=match.whole)
+            if ids is None:
+                continue
+            gen = self._generation(old + after[at:], old + text.prompt[at:], whole=match.whole)
+            if gen[1] is None:
+                return None
+            assert node.parent is not None, "a window holds no header"
+            self._stats.rewinds += 1
+            window_text = len(after) - len(match.head_text)
+            certificate = _Certificate((window.tail[0].index, window_text), match.head_text, text.messages)
+            turn: list[Item] = [self._piece(n).item for n in nodes]  # type: ignore[misc]
+            return self._append(node.parent, [*turn, *items], after[at:], array("I", ids), gen, certificate)
+        return None
 
     def _head_in_context(self, node: Node, tail: list[Node], before: str) -> str | None:
         """The head's text as the window renders it, when that is not its text alone (Mistral's

@@ -730,3 +730,96 @@ def test_a_template_ending_every_conversation_with_constant_text_stays_increment
         assert prompt == r.render_text("sys", EMPTY_TOOLS, items, add_generation_prompt=True)
         assert prompt.endswith("<|im_end|><|im_start|>assistant\n")
     assert r.stats.rewinds == 0 and r.stats.full_renders <= 2 and r.stats.window_renders >= 4, r.stats
+
+
+#: Qwen3's shape for answers (written for these tests): an assistant message after the last user
+#: message shows its reasoning in a thinking block, and the conversation's last message, if an
+#: answer, shows an empty block without reasoning -- gone once any message follows it.
+LAST_ANSWER_THINKS = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{%- set thought = message.reasoning_content if message.reasoning_content is defined and message.reasoning_content else '' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or thought) %}{{- '<think>\\n' + thought + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- message.content if message.content is defined and message.content else '' }}"
+    "{%- for call in message.tool_calls if message.tool_calls is defined %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' + call.function.arguments | tojson + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _sampled(r: HFRenderer, k: int) -> tuple[list[Item], list[int]]:
+    """Turn ``k``'s answer and the ids a model sampled for it: its text split as no tokenizer
+    would (ids that a rendering of the text never gives back), or a call spelled as the template
+    writes it; then the end token."""
+    if k % 3 == 2:
+        call = FunctionCall(call_id=f"c{k}", name="shell", arguments='{"cmd": "ls"}')
+        text = '<tool_call>\n{"name": "shell", "arguments": {"cmd": "ls"}}\n</tool_call>'
+        return [call], [*r.encode_with_specials(text), r.end_token(True)]
+    text = f"hello there, answer {k}"
+    odd = [*r.encode_text(text[:3]), *r.encode_text(text[3:])]
+    assert odd != r.encode_text(text) and r.decode(odd) == text
+    return [Message(role="assistant", content=[OutputText(text=text)])], [*odd, r.end_token(False)]
+
+
+@pytest.mark.parametrize("window", [None, 1])
+def test_keep_keeps_the_sampled_ids_when_the_template_drops_an_empty_thinking_block(
+    dirs: dict[str, pathlib.Path], window: int | None
+) -> None:
+    """``history="keep"`` with a template that writes an empty thinking block in the last answer and
+    drops it once a message follows (Qwen3's): the block was never sampled, the ids were. Each
+    next prompt holds the previous one and the ids sampled after it, exactly -- what a client
+    sending token ids straight to the engine sends, so the engine's prefix cache serves all of it
+    -- and spells the template's text for the whole conversation; whether the turn is taken from
+    a window or from the whole conversation. Before, the drop counted as a rewrite of the answer,
+    whose text was tokenized again: the engine evaluated the answer again every turn."""
+    r = hf(dirs, "qwen", history="keep", window=window, chat_template=LAST_ANSWER_THINKS)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+    for k in range(8):
+        prompt = list(r.prompt(log))
+        answer, sampled = _sampled(r, k)
+        log = r.extend(log, answer, sampled=sampled)
+        follow: list[Item] = (
+            [FunctionCallOutput(call_id=f"c{k}", output="a.py b.py")] if k % 3 == 2 else [Message(role="user", content=f"and {k}?")]
+        )
+        log = r.extend(log, follow)
+        items += [*answer, *follow]
+        following = list(r.prompt(log))
+        assert following[: len(prompt) + len(sampled)] == prompt + sampled, k
+        assert r.decode(following) == r.render_text(None, EMPTY_TOOLS, items, add_generation_prompt=True), k
+    assert r.stats.items_sampled == 8 and r.stats.sampled_kept == 8 and r.stats.rewinds == 8, r.stats
+
+
+def test_a_rewrite_inside_the_window_runs_the_template_over_the_window_only(dirs: dict[str, pathlib.Path]) -> None:
+    """A template that rewrites the text after the last user message when a message follows
+    (:data:`LAST_ANSWER_THINKS`: the last answer's empty thinking block goes, and the reasoning once
+    a user message comes): the rewrite shows inside the window, which starts at that user message,
+    so the turn is tokenized again from the rewritten turn on with the window's text -- the
+    template runs over the window, not over the whole conversation every turn -- and every prompt
+    is the one a rendering of the whole conversation gives, token for token."""
+    r = hf(dirs, "qwen", window=2, chat_template=LAST_ANSWER_THINKS)
+    whole = hf(dirs, "qwen", window=None, chat_template=LAST_ANSWER_THINKS)
+    items: list[Item] = [Message(role="user", content="go")]
+    log = r.extend(r.begin(None, EMPTY_TOOLS), items)
+    whole_renders = converted = 0
+    for k in range(12):
+        if k == 4:  # past the window's size
+            whole_renders, converted = r.stats.full_renders, r.stats.items_converted
+        thought = [Reasoning(summary=[], content=[ReasoningText(f"thinking {k}")])] if k % 2 else []
+        for turn in ([*thought, Message(role="assistant", content=f"answer {k}")], [Message(role="user", content=f"and {k}?")]):
+            log = r.extend(log, turn)
+            items += turn
+            assert list(r.prompt(log)) == list(whole.prompt(whole.render_full(None, EMPTY_TOOLS, items))), k
+    assert r.stats.rewinds == 12 and r.stats.full_renders == whole_renders, r.stats
+    # Each of the 16 turns since converted a window's items (at most twice the window and its
+    # own), not the conversation's (13 items and more).
+    assert r.stats.items_converted - converted <= 16 * (2 * 2 + 3), r.stats

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from llama_suite import CONTEXT, KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
 from responses_cache_llamacpp import HandshakeError
 
-from responses_cache import Route, StaticRouter, create_app
+from responses_cache import Route, StaticRouter, create_app, get_renderer
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from tests.tokens._strategies import examples, instructions, items_
@@ -129,6 +129,45 @@ def test_two_conversations_on_two_slots_do_not_evict_each_other(
     for first, second in ((first_a, second_a), (first_b, second_b)):
         # Each continuation found its whole previous prompt in its slot's cache.
         assert second["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"]
+
+
+def test_with_history_keep_the_server_evaluates_only_the_new_turn_as_for_token_ids_sent_straight(
+    qwen: Family, responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    """``history="keep"``: each prompt is the previous one, the ids the model sampled after it, and
+    the new turn's -- what a client sending token ids straight to ``/completion`` sends (the
+    benchmark's floor) -- so from turn 2 the server evaluates only the new turn and the previous
+    answer's last id (its slot holds the previous prompt and the answer, all but the last id
+    evaluated): its own ``timings``. So even where the random model's answers do not re-tokenize
+    to the ids it sampled, and though Qwen3's template writes an empty thinking block in the last
+    answer and drops it once a message follows (until 2026-12-04 that drop counted as a rewrite of
+    the answer, whose text was tokenized again: the server evaluated the answer again each turn)."""
+    recorder = Recorder()
+    renderer = get_renderer(qwen.template("gguf"), history="keep")
+    backend = qwen.backend(transport=recorder, extra_body={"ignore_eos": True})
+    route = Route(name="default", model=qwen.name, backend=backend, renderer=renderer)
+    server = responses_cache_server_factory(
+        create_app(backend=backend, router=StaticRouter({qwen.name: route}, default=route), api_keys=[KEY]))
+    turns = 4
+    with sdk(server.http_url) as client, client.responses.connect() as conn:
+        previous = None
+        for n in range(turns):
+            response = turn(conn, model=qwen.name, input=f"Question {n}: and what comes next?",
+                            previous_response_id=previous, temperature=0, max_output_tokens=16)
+            assert response["status"] == "incomplete", response
+            previous = response["id"]
+    prompts = recorder.prompts
+    sampled = [recorder.sampled(n) for n in range(turns)]
+    # The case at stake: answers whose text tokenizes to other ids than the model sampled.
+    assert any(renderer.encode_text(renderer.decode(ids)) != ids for ids in sampled[:-1]), sampled
+    for n in range(1, turns):
+        before = prompts[n - 1] + sampled[n - 1]
+        assert prompts[n][: len(before)] == before, (n, common_prefix(prompts[n], before), len(before))
+        timings = recorder.timings(n)
+        assert timings["cache_n"] == len(before) - 1, (n, timings, len(before))
+        assert timings["prompt_n"] == len(prompts[n]) - len(before) + 1, (n, timings, len(prompts[n]), len(before))
+    # The server's log says the same (what the benchmark reads for every path).
+    assert qwen.server.evaluated()[-(turns - 1):] == [recorder.timings(n)["prompt_n"] for n in range(1, turns)]
 
 
 def test_a_prompt_over_the_context_is_refused_before_the_response_exists(
