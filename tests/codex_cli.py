@@ -4,6 +4,7 @@ server with the provider configuration users copy (``examples/codex/config.toml`
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -27,10 +28,14 @@ def codex_binary() -> Path:
     binary = prefix / "node_modules" / ".bin" / "codex"
     if not binary.exists():
         prefix.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@openai/codex@{CODEX_VERSION}"],
-            check=True, timeout=600, stdin=subprocess.DEVNULL,
-        )
+        with open(prefix.parent / f"{prefix.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time (parallel workers, runs)
+            if not binary.exists():
+                subprocess.run(
+                    ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                     f"@openai/codex@{CODEX_VERSION}"],
+                    check=True, timeout=600, stdin=subprocess.DEVNULL,
+                )
     return binary
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from responses_cache.core.auth import tenant_of_key
 from responses_cache.testing import ServeProcess, free_port, serve_in_process
 
 KEY = "sk-proxy"
@@ -38,13 +39,16 @@ TOOLS: list[Any] = [
 @dataclass
 class Deployment:
     """``count`` ``serve`` processes on fixed ports sharing the store ``store``; :meth:`start`
-    starts (or restarts) one, :meth:`records` reads every usage record written so far."""
+    starts (or restarts) one, :meth:`records` reads every usage record written so far. They
+    accept ``key`` and each of ``more_keys``, each key a tenant of its own (tests sharing one
+    deployment each take one, and count their own tenant's records)."""
 
     tmp: Path
     store: str
     tokens_per_s: float
     count: int = 2
     key: str = KEY
+    more_keys: tuple[str, ...] = ()
     answer_tokens: int = 24
     drain_timeout_s: float = 30.0
     ports: tuple[int, ...] = ()
@@ -69,8 +73,7 @@ class Deployment:
             str(self.ports[index]),  # the last --port wins: the upstream the proxy knows
             "--config",
             str(settings),
-            "--api-key",
-            self.key,
+            *(arg for key in (self.key, *self.more_keys) for arg in ("--api-key", key)),
             "--store",
             self.store,
             "--billing-jsonl",
@@ -97,13 +100,24 @@ class Deployment:
         for server in self.processes:
             server.wait_ready()
 
-    def records(self) -> list[dict[str, Any]]:
-        return [
+    def running(self) -> None:
+        """Start whichever process is not running (never started, or stopped since), and return
+        once all are ready."""
+        for index in range(self.count):
+            if index >= len(self.processes) or self.processes[index].proc.poll() is not None:
+                self.start(index, wait=False)
+        for server in self.processes:
+            server.wait_ready()
+
+    def records(self, key: str | None = None) -> list[dict[str, Any]]:
+        """The usage records written so far by every process started (``key``: of its tenant only)."""
+        records = [
             json.loads(line)
             for path in self.ledgers
             if path.exists()
             for line in path.read_text().splitlines()
         ]
+        return records if key is None else [r for r in records if r["tenant"] == tenant_of_key(key)]
 
     def stop(self) -> None:
         for server in self.processes:

@@ -96,6 +96,11 @@ class ServerProcess:
         return f"ws://127.0.0.1:{self.port}/v1/responses"
 
     def start(self) -> ServerProcess:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the child without waiting for it (:func:`started` starts several at once)."""
         env = dict(os.environ)
         env.setdefault("PYTHONHASHSEED", "0")
         # The suite lives in the source tree, not in the wheel: the child imports it from there
@@ -108,7 +113,11 @@ class ServerProcess:
             env=env,
             cwd=self.tree,
         )
-        assert self._proc.stdout is not None
+
+    def wait_ready(self) -> ServerProcess:
+        """Check where the launched child imported from, read its port, and return once it
+        answers (:class:`RuntimeError`, the child stopped, if it does not)."""
+        assert self._proc is not None and self._proc.stdout is not None, "launch() first"
         line = self._proc.stdout.readline()
         if line.startswith("ORIGIN "):
             self.origin = json.loads(line[len("ORIGIN ") :])
@@ -176,6 +185,21 @@ class ServerProcess:
         self.stop()
 
 
+@contextlib.contextmanager
+def started(*servers: ServerProcess) -> Iterator[tuple[ServerProcess, ...]]:
+    """Start several servers at once (their start-ups overlap: each is a child importing the
+    package), stop them all at the end. Nothing is measured before all are ready."""
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in reversed(servers):
+            server.stop()
+
+
 #: The two trees of a side-by-side run: this checkout, and the ``--baseline-tree`` one.
 CURRENT = "current"
 BASELINE = "baseline"
@@ -184,15 +208,17 @@ BASELINE = "baseline"
 @contextlib.contextmanager
 def servers(spec: ServerSpec, baseline_tree: str | None) -> Iterator[dict[str, ServerProcess]]:
     """``{"current": server}`` from this checkout, plus ``"baseline"`` from ``baseline_tree`` when
-    given (same spec; each server's origin printed, so the run shows which code it measured)."""
-    with contextlib.ExitStack() as stack:
-        started = {CURRENT: stack.enter_context(ServerProcess(spec))}
+    given (same spec, started together; each server's origin printed, so the run shows which code
+    it measured)."""
+    by_tree = {CURRENT: ServerProcess(spec)}
+    if baseline_tree is not None:
+        by_tree[BASELINE] = ServerProcess(spec, tree=Path(baseline_tree))
+    with started(*by_tree.values()):
         if baseline_tree is not None:
-            started[BASELINE] = stack.enter_context(ServerProcess(spec, tree=Path(baseline_tree)))
-            for name, server in started.items():
+            for name, server in by_tree.items():
                 print(
                     f"[bench] {name} server (pid {server.pid}): responses_cache from "
                     f"{server.origin['responses_cache']}, runner from {server.origin['runner']}",
                     file=sys.stderr,
                 )
-        yield started
+        yield by_tree

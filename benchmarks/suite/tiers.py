@@ -27,7 +27,7 @@ from typing import Any
 from .agent import AgentLoop, Mode
 from .overhead import TASK, OverheadOptions, spec_for
 from .redisproc import RedisProcess
-from .server import ServerProcess
+from .server import ServerProcess, started
 from .stats import p50, percentile, ratio
 from .workload import code_text, prose_text, tool_output, tools, user_message
 
@@ -132,11 +132,9 @@ def _same_process(opts: TiersOptions, tick: Callable[[int], None]) -> dict[str, 
 
 def _many_processes(opts: TiersOptions, url: str, tick: Callable[[int], None]) -> dict[str, Any]:
     base = dataclasses.replace(spec_for(_overhead_options(opts)), store=url)
-    with (
-        ServerProcess(base) as a,
-        ServerProcess(base) as b,
-        ServerProcess(dataclasses.replace(base, store_snapshots=False)) as c,
-    ):
+    with started(
+        ServerProcess(base), ServerProcess(base), ServerProcess(dataclasses.replace(base, store_snapshots=False))
+    ) as (a, b, c):
         instructions = prose_text(opts.instructions_tokens, seed=7)
 
         def loop(mode: Mode, server: ServerProcess) -> AgentLoop:

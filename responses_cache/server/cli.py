@@ -167,9 +167,11 @@ def input_rate_limits(settings: ServeSettings) -> InputRateLimits:
 
 def _shares_store(settings: ServeSettings) -> bool:
     """The ``store`` is a Redis one, shared with other processes."""
+    if settings.store in ("", "memory"):
+        return False  # without importing the Redis client (half a second of a server's start)
     from ..storage.redis_client import SCHEMES, scheme_of
 
-    return settings.store not in ("", "memory") and scheme_of(settings.store) in SCHEMES
+    return scheme_of(settings.store) in SCHEMES
 
 
 def _sealer(key: str | None, *, shared_store: bool = False) -> Any:

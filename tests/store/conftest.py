@@ -3,12 +3,12 @@ persistence, from the ``redis-server`` binary the test extra installs (the ``red
 or one on ``PATH``: one server, a 3-node Redis Cluster (three primaries joined by
 ``CLUSTER MEET``), and a server behind a Sentinel. ``redis_url`` runs a test against the first two
 (the same test, parametrized; the store's own tests add the Sentinel); every test gets empty
-databases. No binary is a failure, never a skip."""
+databases, except the proxy tests, whose module shares its ``deployment`` (each test its own
+tenant). No binary is a failure, never a skip."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,14 +95,53 @@ def tokens_per_s() -> float:
     return 200.0
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, single_redis_url: str, tokens_per_s: float) -> Iterator[Deployment]:
-    deployment = Deployment(tmp_path, single_redis_url, tokens_per_s=tokens_per_s)
+#: The API keys a module's deployments accept besides their own, each a tenant of its own: each
+#: test takes one (``tenant_key``), so the usage records it counts, and the conversations it
+#: stores, are its own.
+TENANT_KEYS = tuple(f"sk-proxy-{n}" for n in range(32))
+
+
+@pytest.fixture(scope="module")
+def deployments(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: str
+) -> Iterator[Callable[[float], Deployment]]:
+    """``deployments(tokens_per_s)``: two ``serve`` processes on the session's database 0
+    (emptied when the module's first deployment starts), started at the first test that asks for
+    that decode rate and shared by the module's tests until its end, each test a tenant of its own
+    (``tenant_key``). Starting two processes is most of what a proxy test costs."""
+    started: dict[float, Deployment] = {}
+
+    def running(tokens_per_s: float) -> Deployment:
+        if tokens_per_s not in started:
+            url = redis_server + "/0" if started else _emptied(redis_server + "/0")
+            tmp = tmp_path_factory.mktemp("deployment")
+            started[tokens_per_s] = Deployment(tmp, url, tokens_per_s=tokens_per_s, more_keys=TENANT_KEYS)
+        deployment = started[tokens_per_s]
+        deployment.running()  # a test before may have stopped a process
+        return deployment
+
     try:
-        for index in (0, 1):
-            deployment.start(index, wait=False)
-        for server in deployment.processes:
-            server.wait_ready()
-        yield deployment
+        yield running
     finally:
-        deployment.stop()
+        for deployment in started.values():
+            deployment.stop()
+
+
+@pytest.fixture
+def deployment(deployments: Callable[[float], Deployment], tokens_per_s: float) -> Deployment:
+    """The module's deployment at ``tokens_per_s``, its processes running."""
+    return deployments(tokens_per_s)
+
+
+@pytest.fixture(scope="module")
+def _tenant_keys() -> Iterator[str]:
+    return iter(TENANT_KEYS)
+
+
+@pytest.fixture
+def tenant_key(deployment: Deployment, _tenant_keys: Iterator[str]) -> str:
+    """This test's API key on ``deployment``: a tenant no other test of the module uses, so the
+    usage records it counts (``deployment.records(tenant_key)``) are its own."""
+    key = next(_tenant_keys, None)
+    assert key is not None, f"more than {len(TENANT_KEYS)} tests in one module share its deployments"
+    return key

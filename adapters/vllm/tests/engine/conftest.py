@@ -15,6 +15,9 @@ the worker inside the engine-core process, a small KV cache).
 Every engine of the suite (these two and the groups of ``test_engine_failures.py`` and
 ``test_hf_models.py``) is launched in the background as soon as the tests are collected
 (``engine_suite.Prelaunch``): the start-ups overlap the tests that run before the engine suite.
+Under pytest-xdist (the root ``conftest.py``: the engine tests are one unit of work) they are
+launched by the worker that runs the engine tests, at its first engine fixture, while the other
+worker runs the rest of the suite: every worker collects every test, and only one may start them.
 
 ``target`` runs a test in each mode on each endpoint: ``network`` is ``responses-cache`` in front
 of the engine over HTTP; ``in-process`` is the middleware inside vLLM.
@@ -33,13 +36,18 @@ from benchmarks.suite import vllmproc
 from responses_cache import create_app
 
 PRELAUNCH = pytest.StashKey[Prelaunch]()
+#: The engine groups the collected tests use, in the order they first use them.
+GROUPS_USED = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Launch the engines the collected tests use, in the order they first use them."""
+    """Launch the engines the collected tests use, in the order they first use them (in an xdist
+    worker: note them, for the ``prelaunch`` fixture)."""
     if not session.config.option.collectonly:
         names = dict.fromkeys(n for item in session.items for n in getattr(item, "fixturenames", ()) if n in GROUPS)
-        session.config.stash[PRELAUNCH] = Prelaunch(names)
+        session.config.stash[GROUPS_USED] = list(names)
+        if not hasattr(session.config, "workerinput"):
+            session.config.stash[PRELAUNCH] = Prelaunch(names)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -50,6 +58,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def prelaunch(pytestconfig: pytest.Config) -> Prelaunch:
+    """The session's :class:`Prelaunch` (launched here, at the first engine fixture, in an xdist
+    worker: the one that runs the engine tests)."""
+    if PRELAUNCH not in pytestconfig.stash:
+        pytestconfig.stash[PRELAUNCH] = Prelaunch(pytestconfig.stash[GROUPS_USED])
     return pytestconfig.stash[PRELAUNCH]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ KEY = "sk-engine"
 #: stopped (or reaches max_output_tokens).
 ENDLESS = {"temperature": 0, "max_output_tokens": 3000}
 #: The engines' niceness: started while the rest of the suite runs, they take the CPU it leaves.
-NICE = 19
+#: In a pytest-xdist worker (the root ``conftest.py``) they start when that worker reaches the
+#: engine tests and the worker waits for them while the other runs the rest: they run at the
+#: same priority as the tests then, or their start-up would wait for the whole suite.
+NICE = 0 if "PYTEST_XDIST_WORKER" in os.environ else 19
 
 Build = Callable[[Path], dict[str, vllmproc.VllmProcess]]
 #: The engine groups fixtures take from :class:`Prelaunch`: a fixture's name -> its engines, built
