@@ -36,6 +36,8 @@ from benchmarks.suite import vllmproc
 from responses_cache import create_app
 
 PRELAUNCH = pytest.StashKey[Prelaunch]()
+#: This suite's directory: the tests whose engines are launched.
+HERE = Path(__file__).resolve().parent
 #: The engine groups the collected tests use, in the order they first use them.
 GROUPS_USED = pytest.StashKey[list[str]]()
 
@@ -44,7 +46,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Launch the engines the collected tests use, in the order they first use them (in an xdist
     worker: note them, for the ``prelaunch`` fixture)."""
     if not session.config.option.collectonly:
-        names = dict.fromkeys(n for item in session.items for n in getattr(item, "fixturenames", ()) if n in GROUPS)
+        # Only this suite's tests: a fixture elsewhere may share a group's name (tests/faults has
+        # an ``engines`` of its own) and must not start a real engine.
+        ours = (item for item in session.items if HERE in item.path.resolve().parents)
+        names = dict.fromkeys(n for item in ours for n in getattr(item, "fixturenames", ()) if n in GROUPS)
         session.config.stash[GROUPS_USED] = list(names)
         if not hasattr(session.config, "workerinput"):
             session.config.stash[PRELAUNCH] = Prelaunch(names)
