@@ -149,15 +149,10 @@ class CerebrasBackend:
         last_kind: type | None = None
         received = 0
         # What arrived together is decoded, parsed and yielded once (see ``batched``).
-        async with contextlib.aclosing(batched(_chunks(stream))) as batches:
-            async for batch in batches:
+        async with contextlib.aclosing(_batches(stream)) as batches:
+            async for batch, failure in batches:
                 pieces: list[str] = []
-                failure: BackendError | None = None  # raised once what came before it is out
-                for item in batch:
-                    chunk = _plain(item)
-                    if chunk.get("error"):
-                        failure = stream_error(chunk)
-                        break
+                for chunk in batch:
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or ():
                         tokens = choice.get("tokens")
@@ -240,17 +235,10 @@ class CerebrasBackend:
         stream: Any = await raw.parse()
         reason: str | None = None
         usage: Any = None
-        async with contextlib.aclosing(batched(_chunks(stream))) as batches:
-            async for batch in batches:
+        async with contextlib.aclosing(_batches(stream)) as batches:
+            async for batch, failure in batches:
                 events: list[BackendEvent] = []
-                failure: BackendError | None = None  # raised once what came before it is out
-                for item in batch:
-                    # Read as plain data: the SDK builds stream chunks without validation, and a
-                    # chunk may come back as the wrong member of its response union.
-                    chunk = _plain(item)
-                    if chunk.get("error"):
-                        failure = stream_error(chunk)
-                        break
+                for chunk in batch:
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
@@ -325,3 +313,20 @@ async def _chunks(stream: Any) -> AsyncGenerator[Any, None]:
             yield item
     finally:
         await stream.close()
+
+
+async def _batches(stream: Any) -> AsyncGenerator[tuple[list[dict[str, Any]], BackendError | None], None]:
+    """The SDK stream as lists of the chunks that arrived together (:func:`batched`), read as plain
+    data (the SDK builds stream chunks without validation, and a chunk may come back as the wrong
+    member of its response union). An error chunk ends the stream: its error comes with the list of
+    the chunks before it, to be raised once they are out."""
+    async with contextlib.aclosing(batched(_chunks(stream))) as batches:
+        async for batch in batches:
+            chunks: list[dict[str, Any]] = []
+            for item in batch:
+                chunk = _plain(item)
+                if chunk.get("error"):
+                    yield chunks, stream_error(chunk)
+                    return
+                chunks.append(chunk)
+            yield chunks, None
