@@ -6,7 +6,6 @@ Counted, not timed: tokens encoded by the renderer, items validated, tool lists 
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 from websockets.sync.client import connect
@@ -15,18 +14,10 @@ from responses_cache import Scenario, SimulatedConfig, SimulatedEngine, create_a
 from responses_cache.backends.routing import Route, StaticRouter
 from responses_cache.protocol import tools as tools_module
 from responses_cache.tokens import get_renderer
+from tests.websocket.wsclient import completed_turn
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
 OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event['body']}\n" * 40  # ~1k tokens
-
-
-def _turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
-    ws.send(json.dumps({"type": "response.create", **body}))
-    while True:
-        event = json.loads(ws.recv(timeout=30))
-        if event["type"] in ("response.completed", "response.failed", "error"):
-            assert event["type"] == "response.completed", event
-            return dict(event["response"])
 
 
 def test_tokens_encoded_and_items_validated_do_not_grow_with_history(responses_cache_server_factory: Any) -> None:
@@ -40,12 +31,12 @@ def test_tokens_encoded_and_items_validated_do_not_grow_with_history(responses_c
     checked: list[int] = []
     cached: list[int] = []
     with connect(server.ws_url, max_size=None, compression=None) as ws:
-        response = _turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS})
+        response = completed_turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS})
         parsed_before = tools_module.tool_cache.parses
         for _ in range(12):
             call = next(o for o in response["output"] if o["type"] == "function_call")
             before_tokens, before_items = renderer.stats.tokens_encoded, validator.items_checked
-            response = _turn(ws, {
+            response = completed_turn(ws, {
                 "model": "sim-1", "tools": TOOLS, "previous_response_id": response["id"],
                 "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": OUTPUT}],
             })
@@ -64,11 +55,11 @@ def _long_loop(server: Any, renderer: Any, turns: int, **options: Any) -> list[t
     """A tool loop on the scenario engine; per turn, the response and the tokens encoded for it."""
     out: list[tuple[dict[str, Any], int]] = []
     with connect(server.ws_url, max_size=None, compression=None) as ws:
-        response = _turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS, **options})
+        response = completed_turn(ws, {"model": "sim-1", "input": "start the task", "tools": TOOLS, **options})
         for _ in range(turns):
             call = next(o for o in response["output"] if o["type"] == "function_call")
             before = renderer.stats.tokens_encoded
-            response = _turn(ws, {
+            response = completed_turn(ws, {
                 "model": "sim-1", "tools": TOOLS, "previous_response_id": response["id"], **options,
                 "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": OUTPUT[:600]}],
             })

@@ -25,6 +25,7 @@ from benchmarks.suite.footprint import cache_footprint
 from responses_cache import Scenario, SimulatedConfig, SimulatedEngine
 from responses_cache.conversation import Conversation, packing
 from responses_cache.session.session import Session
+from tests.websocket.wsclient import completed_turn
 
 pytestmark = pytest.mark.skipif(RENDERER is None, reason="needs the bundled harmony vocabulary")
 
@@ -34,15 +35,6 @@ TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "ob
 CORPUS = (Path(__file__).parents[1] / "tokens" / "hf_corpus.txt").read_text()
 #: Tool outputs as an agent reads them: ~1.5k tokens each.
 SOURCES = [CORPUS[i : i + 6000] for i in range(0, len(CORPUS) - 6000, 6000)]
-
-
-def _turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
-    ws.send(json.dumps({"type": "response.create", **body}))
-    while True:
-        event = json.loads(ws.recv(timeout=30))
-        if event["type"] in ("response.completed", "response.failed", "error"):
-            assert event["type"] == "response.completed", event
-            return dict(event["response"])
 
 
 def _next_input(response: dict[str, Any], k: int) -> list[dict[str, Any]]:
@@ -59,12 +51,12 @@ def _agent(server: Any, turns: int, *, store: bool) -> tuple[list[dict[str, int]
     counted: list[dict[str, int]] = []
     with connect(server.ws_url, max_size=None, compression=None) as ws:
         body = {"model": "sim-1", "tools": TOOLS, "store": store}
-        response = _turn(ws, {**body, "input": "Read `cat README.md` and the sources, then summarize them."})
+        response = completed_turn(ws, {**body, "input": "Read `cat README.md` and the sources, then summarize them."})
         session = _session(response["id"])
         _settled(server, session, response["id"])
         for k in range(turns):
             before = _stats()
-            response = _turn(ws, {**body, "previous_response_id": response["id"], "input": _next_input(response, k)})
+            response = completed_turn(ws, {**body, "previous_response_id": response["id"], "input": _next_input(response, k)})
             _settled(server, session, response["id"])
             after = _stats()
             counted.append({name: after[name] - before[name] for name in after})
@@ -144,7 +136,7 @@ def test_a_cached_conversation_costs_at_most_6_bytes_a_token(server: Any) -> Non
     of real text. (Unpacked: 15.5 B/token, 11.3 of them the items: a string with a character
     past ASCII takes two bytes or more a character, plus the UTF-8 copy tokenizing attaches.)"""
     with connect(server.ws_url, max_size=None, compression=None) as ws:
-        response = _turn(ws, {"model": "sim-1", "tools": TOOLS, "store": False, "input": "Context:\n" + CORPUS})
+        response = completed_turn(ws, {"model": "sim-1", "tools": TOOLS, "store": False, "input": "Context:\n" + CORPUS})
         session = _session(response["id"])
         _settled(server, session, response["id"])
         footprint = cache_footprint([session])
@@ -166,7 +158,7 @@ def test_a_lane_whose_client_resends_its_input_is_unpacked_once_and_kept_so(serv
     body = {"model": "sim-1", "tools": TOOLS, "store": False}
     conversation: list[dict[str, Any]] = [{"role": "user", "content": SOURCES[0]}]
     with connect(server.ws_url, max_size=None, compression=None) as ws:
-        response = _turn(ws, {**body, "input": conversation})
+        response = completed_turn(ws, {**body, "input": conversation})
         session = _session(response["id"])
         _settled(server, session, response["id"])
         assert [n.packed for n in _nodes(session)] == [False, True]  # the first turn's input, behind its output
@@ -174,7 +166,7 @@ def test_a_lane_whose_client_resends_its_input_is_unpacked_once_and_kept_so(serv
         for k in range(1, 7):
             conversation += [*response["output"], {"role": "user", "content": SOURCES[k]}]
             before = _stats()
-            response = _turn(ws, {**body, "input": conversation})
+            response = completed_turn(ws, {**body, "input": conversation})
             _settled(server, session, response["id"])
             after = _stats()
             counted.append({name: after[name] - before[name] for name in after})
@@ -194,7 +186,7 @@ def test_the_scenario_engine_plans_from_the_new_items_only(responses_cache_serve
     steps: list[int] = []
     unpacked: list[int] = []
     with connect(server.ws_url, max_size=None, compression=None) as ws:
-        response = _turn(ws, {**body, "input": "Fix the parser."})
+        response = completed_turn(ws, {**body, "input": "Fix the parser."})
         session = _session(response["id"])
         for k in range(16):
             call = next(o for o in response["output"] if o["type"] == "function_call")
@@ -202,7 +194,7 @@ def test_the_scenario_engine_plans_from_the_new_items_only(responses_cache_serve
             _settled(server, session, response["id"])
             before = packing.stats.unpacked
             output = [{"type": "function_call_output", "call_id": call["call_id"], "output": SOURCES[k % len(SOURCES)]}]
-            response = _turn(ws, {**body, "previous_response_id": response["id"], "input": output})
+            response = completed_turn(ws, {**body, "previous_response_id": response["id"], "input": output})
             unpacked.append(packing.stats.unpacked - before)
     assert steps == list(range(1, 17))
     assert unpacked == [0] * 16

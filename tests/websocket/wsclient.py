@@ -208,3 +208,14 @@ def function_tool(name: str = "run") -> dict[str, Any]:
         "description": "Run a step.",
         "parameters": {"type": "object", "properties": {"step": {"type": "integer"}}, "required": ["step"]},
     }
+
+
+def completed_turn(ws: Any, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+    """One ``response.create`` on a ``websockets.sync`` connection: the response of its
+    ``response.completed`` (anything else ending the turn fails the test)."""
+    ws.send(json.dumps({"type": "response.create", **body}))
+    while True:
+        event = json.loads(ws.recv(timeout=timeout))
+        if event["type"] in ("response.completed", "response.failed", "error"):
+            assert event["type"] == "response.completed", event
+            return dict(event["response"])
