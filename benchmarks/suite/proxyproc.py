@@ -12,15 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from responses_cache.testing import free_port
+from responses_cache.testing import free_port, wait_listening
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SITE = DOCS / "nginx" / "responses-cache.conf"
@@ -111,16 +109,9 @@ class ProxyProcess:
         return self.log.read_text() if self.log.exists() else ""
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"{self.name} did not start:\n{self.error_log()}") from None
-                time.sleep(0.05)
+        if not wait_listening(self.proc, "127.0.0.1", self.port, timeout):
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start:\n{self.error_log()}")
 
     def stop(self) -> None:
         """Fast shutdown (``SIGTERM``); killed if it has not ended within 10 s."""

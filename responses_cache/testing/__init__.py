@@ -599,6 +599,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
+def wait_listening(proc: subprocess.Popen[Any], host: str, port: int, timeout: float) -> bool:
+    """Wait until something accepts TCP connections on ``host:port`` (``True``); ``False`` as soon
+    as ``proc`` has exited or ``timeout`` seconds have passed without it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return True
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> LiveServer:
     """Run ``app`` under uvicorn in a daemon thread and return once it accepts connections."""
     import uvicorn
@@ -635,17 +649,10 @@ class ServeProcess(_Address):
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once the server accepts connections; :class:`RuntimeError` (with its output)
         if it exits or has not started within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection((self.host, self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    output = self.output()
-                    self.kill()
-                    raise RuntimeError(f"responses-cache serve did not start:\n{output}") from None
-                time.sleep(0.05)
+        if not wait_listening(self.proc, self.host, self.port, timeout):
+            output = self.output()
+            self.kill()
+            raise RuntimeError(f"responses-cache serve did not start:\n{output}")
 
     def stop(self, timeout: float = 20.0) -> None:
         """A graceful stop (SIGTERM: connections drain, billing flushes); killed after ``timeout``."""
