@@ -79,6 +79,7 @@ from httpx_sse import connect_sse
 
 from benchmarks.suite import vllmproc
 from benchmarks.suite.clients import SocketHTTPClient, TurnTiming, WSClient, http_body, ws_frame
+from benchmarks.suite.footprint import cpu_seconds
 from benchmarks.suite.redisproc import _free_port
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.stats import p50, percentile, ratio
@@ -280,17 +281,6 @@ def network_server(engine: vllmproc.VllmProcess, served: str, template: str) -> 
         stop_process(proc)
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time (ns) of ``pid``'s live threads (``schedstat``: nanoseconds, where ``stat`` counts
-    10 ms ticks)."""
-    total = 0
-    with contextlib.suppress(FileNotFoundError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-    return total
-
-
 def _descendants(pid: int) -> list[int]:
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -314,7 +304,7 @@ class CpuMeter:
         self.groups = {"api": [api_server], "serve": [serve], "engine": _descendants(api_server)}
 
     def read(self) -> dict[str, int]:
-        return {name: sum(_cpu_ns(pid) for pid in pids) for name, pids in self.groups.items()}
+        return {name: round(sum(cpu_seconds(pid) for pid in pids) * 1e9) for name, pids in self.groups.items()}
 
 
 @dataclass

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -71,6 +70,7 @@ from typing import Any
 
 import websockets
 
+from benchmarks.suite.footprint import cpu_seconds
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.workload import code_text
 
@@ -186,13 +186,8 @@ class Server:
         return self
 
     def cpu_seconds(self) -> float:
-        """CPU time the server process's threads have used, to the nanosecond (Linux's schedstat;
-        the clock-tick counts of ``/proc/PID/stat`` are too coarse for a block of turns)."""
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that just ended
-                total += int((task / "schedstat").read_text().split()[0])
-        return total / 1e9
+        """CPU time the server process's threads have used (:func:`footprint.cpu_seconds`)."""
+        return cpu_seconds(self.proc.pid)
 
     def scrape(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as reply:

@@ -2,10 +2,12 @@
 own endpoints with the whole history each turn, and vs token ids straight to the server.
 
 ``python -m benchmarks.suite.llama_bench [--history 1000 8000 30000] [--output 16 256] [--turns 3]
-[--keep keep template]``
+[--keep keep template] [--cuda --shape qwen3-0.6b]``
 
 One ``llama-server`` (built by :mod:`.llamaproc`, one slot, CPU) serves the engine suite's tiny
-random-weight Qwen-style GGUF (Qwen3's real tokenizer and template). For each history size and
+random-weight Qwen-style GGUF (Qwen3's real tokenizer and template). ``--cuda``: a CUDA build of
+the server with every layer on the GPU, and ``--shape qwen3-0.6b`` a model of Qwen3-0.6B's size
+and shape (random weights): the GPU run, ``benchmarks/gpu/llama_cuda.sh``. For each history size and
 output length, each path runs the same conversation: a warm-up turn that carries the history
 (fixed user and assistant messages of about 250 tokens each, ending with a user message), then ``--turns`` measured turns,
 each a short new user message; every answer is exactly ``output`` tokens (``ignore_eos``):
@@ -26,7 +28,8 @@ Time to first token (from the request's sending to the first text: a chunk with 
 the floor, a text delta for the others; a token that ends inside a character has none) and turn
 time (to the end of the stream), the median over the measured turns, each path's ratio to the floor, and the median of
 the prompt tokens the server evaluated per measured turn (its log: what its slot's cache did not
-hold) are printed as a table; each row's progress line also has every turn's times.
+hold) are printed as a table; each row's progress line also has every turn's times and, for
+WebSocket mode, the CPU time the responses-cache process used per measured turn.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 import httpx
 
 from . import llamaproc, vllmproc
+from .footprint import cpu_seconds
 from .redisproc import _free_port
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -121,11 +125,13 @@ def _ws_events(ws: Any) -> Iterator[dict[str, Any]]:
 
 
 class Paths:
-    """The ways of sending one conversation's turns (``fronts``: responses-cache's URL by the
-    renderer's history mode)."""
+    """The ways of sending one conversation's turns (``fronts``: responses-cache's URL and process
+    id by the renderer's history mode; ``cpu``: after a WebSocket run, the process's CPU seconds
+    per measured turn, by mode)."""
 
-    def __init__(self, server: llamaproc.LlamaServer, fronts: dict[str, str], output: int) -> None:
+    def __init__(self, server: llamaproc.LlamaServer, fronts: dict[str, tuple[str, int]], output: int) -> None:
         self.server, self.fronts, self.output = server, fronts, output
+        self.cpu: dict[str, float] = {}
         # A connection per request: llama-server may close one after a chat stream, and a reused
         # one would then fail (WebSocket mode keeps its one connection, as clients do).
         self.client = httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
@@ -204,8 +210,11 @@ class Paths:
 
         results = []
         previous = None
-        with connect(self.fronts[mode].replace("http://", "ws://") + "/v1/responses", max_size=None) as ws:
+        url, pid = self.fronts[mode]
+        used = 0.0
+        with connect(url.replace("http://", "ws://") + "/v1/responses", max_size=None) as ws:
             for n, text in enumerate([None, *turns]):
+                cpu = cpu_seconds(pid)
                 items = [_item(m["role"], m["content"]) for m in base] if text is None else [_item("user", text)]
                 start = time.perf_counter()
                 ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": items, "store": False,
@@ -216,6 +225,8 @@ class Paths:
                 previous = last["response"]["id"]
                 if n:
                     results.append((ttft, total))
+                    used += cpu_seconds(pid) - cpu
+        self.cpu[mode] = used / len(results)
         return results
 
 
@@ -234,7 +245,8 @@ _FRONT = textwrap.dedent("""
 
 def _front(server: llamaproc.LlamaServer, gguf: Path, history: str) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), str(_ROOT / "adapters" / "llamacpp")])}
+    path = [str(_ROOT), str(_ROOT / "adapters" / "llamacpp"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.Popen([sys.executable, "-c", _FRONT, server.url, str(gguf), str(port), history], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -258,21 +270,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", choices=["keep", "template"], nargs="+", default=["keep", "template"],
                         help="the renderer's history modes to run WebSocket mode with (keep: the sampled ids "
                              "of each answer stay in the log, as the floor sends them; template: the default)")
+    parser.add_argument("--cuda", action="store_true", help="a CUDA build of llama-server, every layer on the GPU")
+    parser.add_argument("--shape", choices=["tiny", "qwen3-0.6b"], default="tiny", help="the model's size (hf_model.py)")
+    parser.add_argument("--source", type=Path, help="build llama.cpp from this llamaproc.pack_source archive")
+    parser.add_argument("--python", type=Path,
+                        help="the Python that builds and converts the model (torch, transformers); "
+                             "default: the engine suite's vLLM environment")
     args = parser.parse_args(argv)
     from tests.tokens.hf_assets import real_model_dir
 
-    build = llamaproc.provision()
-    python = vllmproc.provision()
+    python = args.python or vllmproc.provision()
     files = real_model_dir("qwen3")
     if files is None:
         raise SystemExit("Qwen3's tokenizer files cannot be had here (npm is missing)")
-    model = vllmproc.hf_models(python, {"tiny-qwen3-real": (files, "Qwen2ForCausalLM")})["tiny-qwen3-real"]
-    gguf = llamaproc.gguf_model(build, python, model, "tiny-qwen3-real")
+    architecture, name = ("Qwen2ForCausalLM", "tiny-qwen3-real") if args.shape == "tiny" else ("Qwen3ForCausalLM", args.shape)
+    model = vllmproc.hf_models(python, {name: (files, architecture)}, shape=args.shape)[name]
+    build = llamaproc.provision(cuda=args.cuda, source=args.source)
+    gguf = llamaproc.gguf_model(build, python, model, name)
     context = max(args.history) + args.turns * (max(args.output) + 64) + 2048
     rows = []
-    # One thread for the server: its threads spin while they wait, and on a small machine the
-    # client and the responses-cache process need the rest.
+    # One thread for the server by default: its threads spin while they wait, and on a small
+    # machine the client and the responses-cache process need the rest.
     with llamaproc.LlamaServer(build, gguf, alias="tiny", slots=1, context=context, threads=args.threads,
+                               extra_args=("--n-gpu-layers", "999") if args.cuda else (),
                                startup_timeout=300) as server:
         fronts = {mode: _front(server, gguf, mode) for mode in args.keep}
         try:
@@ -284,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base_tokens = count(base)
                 turns = [f"Turn {n}: what next?" for n in range(args.turns)]
                 for output in args.output:
-                    paths = Paths(server, {mode: url for mode, (_, url) in fronts.items()}, output)
+                    paths = Paths(server, {mode: (url, proc.pid) for mode, (proc, url) in fronts.items()}, output)
                     runs: dict[str, Callable[[list[dict[str, str]], list[str]], list[tuple[float, float]]]]
                     runs = {"floor": paths.floor}
                     runs.update({f"ws {mode}": functools.partial(paths.websocket, mode=mode) for mode in args.keep})
@@ -294,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         before = len(server.evaluated())
                         times = run(base, turns)
                         evaluated = server.evaluated()[before:][-len(times):]  # the measured turns'
-                        measured[name] = Measured(times, evaluated)
+                        measured[name] = Measured(times, evaluated, paths.cpu.get(name[3:]))
                     rows.append((base_tokens, output, measured))
                     print(_row(*rows[-1]), flush=True)
                     if args.log:
@@ -312,11 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class Measured:
-    """One path's measured turns: (time to first token, turn time) each, in seconds, and the
-    prompt tokens the server evaluated for each."""
+    """One path's measured turns: (time to first token, turn time) each, in seconds, the prompt
+    tokens the server evaluated for each, and (WebSocket mode) the responses-cache process's CPU
+    seconds per turn."""
 
-    def __init__(self, times: list[tuple[float, float]], evaluated: list[int]) -> None:
-        self.times, self.evaluated = times, evaluated
+    def __init__(self, times: list[tuple[float, float]], evaluated: list[int], cpu: float | None = None) -> None:
+        self.times, self.evaluated, self.cpu = times, evaluated, cpu
 
     @property
     def ttft(self) -> float:
@@ -338,14 +359,16 @@ _NAMES = {"floor": "token ids", "ws keep": "responses-cache WS, keep", "ws templ
 def _row(tokens: int, output: int, measured: dict[str, Measured]) -> str:
     floor = measured["floor"]
     cells = [f"{_NAMES[n]} {m.ttft * 1000:.1f}/{m.turn * 1000:.1f} ms (x{m.ttft / floor.ttft:.2f}/x{m.turn / floor.turn:.2f}; "
-             f"turns {', '.join(f'{t * 1000:.1f}/{w * 1000:.1f}' for t, w in m.times)}; evaluated {m.evaluated})"
+             f"turns {', '.join(f'{t * 1000:.1f}/{w * 1000:.1f}' for t, w in m.times)}; evaluated {m.evaluated}"
+             + ("" if m.cpu is None else f"; CPU {m.cpu * 1000:.1f} ms/turn, {m.cpu / output * 1e6:.0f} us/token") + ")"
              for n, m in measured.items()]
     return f"history {tokens} tokens, {output} out: " + "; ".join(cells)
 
 
 def _table(rows: list[tuple[int, int, dict[str, Measured]]]) -> str:
     names = [n for n in _NAMES if rows and n in rows[0][2]]
-    head = "| history | output | " + " | ".join(f"{_NAMES[n]}: TTFT / turn (ms) [evaluated]" for n in names) + " |"
+    head = ("| history | output | " + " | ".join(f"{_NAMES[n]}: TTFT / turn (ms) [evaluated]" for n in names)
+            + " |\n\n(WebSocket mode's cells end with the responses-cache process's CPU time per turn.)\n")
     lines = [head, "|" + "---|" * (2 + len(names))]
     for tokens, output, measured in rows:
         floor = measured["floor"]
@@ -353,7 +376,8 @@ def _table(rows: list[tuple[int, int, dict[str, Measured]]]) -> str:
         for name in names:
             m = measured[name]
             ratio = "" if name == "floor" else f" (x{m.ttft / floor.ttft:.2f} / x{m.turn / floor.turn:.2f})"
-            cells.append(f"{m.ttft * 1000:.1f} / {m.turn * 1000:.1f}{ratio} [{m.prompt:.0f}]")
+            cpu = "" if m.cpu is None else f" CPU {m.cpu * 1000:.1f} ms"
+            cells.append(f"{m.ttft * 1000:.1f} / {m.turn * 1000:.1f}{ratio} [{m.prompt:.0f}]{cpu}")
         lines.append(f"| {tokens} | {output} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -5,6 +5,9 @@
   and ``gguf-py``; llama.cpp is MIT), CPU only and only the server target, into the engine cache
   (``ENGINE_SUITE_CACHE``, default ``~/.cache/responses-cache/engines``) under
   ``llama.cpp-<version>``: about 4 minutes on 2 cores the first time, nothing after.
+  ``cuda=True`` builds it with CUDA for the GPU it runs on (``llama.cpp-<version>-cuda``);
+  ``source``: an archive that :func:`pack_source` wrote, instead of the download (a machine with
+  no registry: the GPU run of ``benchmarks/gpu/llama_cuda.sh``).
 * :func:`gguf_model` converts a Hugging Face model directory with random weights (the suite's
   tiny models, ``vllmproc.tiny_model`` / ``vllmproc.hf_models``) into a GGUF with
   ``convert_hf_to_gguf.py``, run by a Python that has torch and transformers (the vLLM venv's),
@@ -17,6 +20,7 @@ Extra pip arguments for the source download (a mirror): ``ENGINE_SUITE_PIP_ARGS`
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -49,9 +53,18 @@ CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
                "-DBUILD_SHARED_LIBS=OFF")
 #: The server's log line for each task's prompt: ``prompt eval time = 6.46 ms / 18 tokens (…``.
 _PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
+#: With ``cuda=True``: the GPU kernels for the GPU the build runs on only, and no multi-GPU
+#: collectives.
+CUDA_FLAGS = ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native", "-DGGML_CUDA_NCCL=OFF")
 #: The build's niceness and parallelism: it shares a small machine with the rest of the suite.
 BUILD_NICE = 10
 BUILD_JOBS = 2
+#: What :func:`pack_source` leaves out of the tree: the build, models, docs, tests and the other
+#: accelerators' backends (what ``llama-server`` on CPU or CUDA does not compile).
+_UNPACKED = ("build", "models", "docs", "tests", "media", "examples", "pocs", "benches",
+             *(f"ggml/src/ggml-{backend}" for backend in ("blas", "cann", "et", "hexagon", "hip", "metal", "musa",
+                                                          "opencl", "openvino", "rpc", "sycl", "virtgpu", "vulkan",
+                                                          "webgpu", "zdnn", "zendnn")))
 
 
 class Build:
@@ -72,35 +85,55 @@ class Build:
         return self.source / "gguf-py"
 
 
-def provision(version: str = LLAMA_CPP_PYTHON_VERSION) -> Build:
-    """The built ``llama-server`` (downloaded and built once, then cached)."""
-    build = Build(cache_root() / f"llama.cpp-{version}")
+def provision(version: str = LLAMA_CPP_PYTHON_VERSION, *, cuda: bool = False, source: Path | None = None) -> Build:
+    """The built ``llama-server`` (downloaded and built once, then cached); ``cuda``: with CUDA,
+    all the machine's cores building; ``source``: a :func:`pack_source` archive to build from."""
+    build = Build(cache_root() / f"llama.cpp-{version}{'-cuda' if cuda else ''}")
     ready = build.home / "ready"
     with _locked(build.home.parent / f"{build.home.name}.lock"):
         if ready.exists() and build.server.exists():
             return build
-        missing = [tool for tool in ("cmake", "ninja", "c++") if shutil.which(tool) is None]
+        missing = [tool for tool in ("cmake", "ninja", "c++", *(("nvcc",) if cuda else ())) if shutil.which(tool) is None]
         if missing:
             raise RuntimeError(f"building llama-server needs {', '.join(missing)} on PATH")
         if build.home.exists():
             shutil.rmtree(build.home)
         build.home.mkdir(parents=True)
-        with tempfile.TemporaryDirectory(prefix="llama-sdist-", dir=build.home) as scratch:
-            pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                   "--no-binary", ":all:", "-d", scratch, *shlex.split(os.environ.get("ENGINE_SUITE_PIP_ARGS", "")),
-                   f"llama-cpp-python=={version}"]
-            _run(pip, f"downloading the llama-cpp-python {version} source")
-            (sdist,) = Path(scratch).glob("*.tar.gz")
-            _extract_vendored(sdist, build.source)
+        if source is not None:
+            with tarfile.open(source) as archive:
+                archive.extractall(build.source, filter="data")
+        else:
+            with tempfile.TemporaryDirectory(prefix="llama-sdist-", dir=build.home) as scratch:
+                pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                       "--no-binary", ":all:", "-d", scratch, *shlex.split(os.environ.get("ENGINE_SUITE_PIP_ARGS", "")),
+                       f"llama-cpp-python=={version}"]
+                _run(pip, f"downloading the llama-cpp-python {version} source")
+                (sdist,) = Path(scratch).glob("*.tar.gz")
+                _extract_vendored(sdist, build.source)
+        flags, jobs = (CMAKE_FLAGS + CUDA_FLAGS, os.cpu_count() or 1) if cuda else (CMAKE_FLAGS, BUILD_JOBS)
         nice = ["nice", "-n", str(BUILD_NICE)]
-        _run([*nice, "cmake", "-S", str(build.source), "-B", str(build.source / "build"), *CMAKE_FLAGS],
+        _run([*nice, "cmake", "-S", str(build.source), "-B", str(build.source / "build"), *flags],
              "configuring llama.cpp")
-        _run([*nice, "cmake", "--build", str(build.source / "build"), "--target", "llama-server", "-j", str(BUILD_JOBS)],
+        _run([*nice, "cmake", "--build", str(build.source / "build"), "--target", "llama-server", "-j", str(jobs)],
              "building llama-server")
         if not build.server.exists():
             raise RuntimeError(f"the build did not produce {build.server}")
         ready.write_text(version + "\n")
     return build
+
+
+def pack_source(build: Build, out: Path) -> Path:
+    """``build``'s source tree as a ``.tar.xz`` for :func:`provision` on a machine with no package
+    registry: what the server's build and the GGUF converter need (about 7 MB)."""
+    skipped = {build.source / part for part in _UNPACKED}
+
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if build.source / member.name in skipped else member
+
+    with tarfile.open(out, "w:xz") as archive:
+        for path in sorted(build.source.iterdir()):
+            archive.add(path, arcname=path.name, filter=keep)
+    return out
 
 
 def _extract_vendored(sdist: Path, into: Path) -> None:
@@ -286,11 +319,16 @@ class LlamaServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.suite.llamaproc``: build (or find) ``llama-server``, print its path."""
-    del argv
+    """``python -m benchmarks.suite.llamaproc [--pack FILE]``: build (or find) ``llama-server`` and
+    print its path; ``--pack``: also write its source as a :func:`pack_source` archive."""
+    parser = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
+    parser.add_argument("--pack", type=Path, help="write the source tree to this .tar.xz")
+    args = parser.parse_args(argv)
     started = time.monotonic()
     build = provision()
     print(f"{build.server} ({time.monotonic() - started:.0f}s)")
+    if args.pack:
+        print(f"{pack_source(build, args.pack)} ({args.pack.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 

@@ -127,13 +127,14 @@ def tiny_model(python: Path, name: str = "tiny-oss", **options: Any) -> Path:
     return out
 
 
-def hf_models(python: Path, models: Mapping[str, tuple[Path, str]]) -> dict[str, Path]:
+def hf_models(python: Path, models: Mapping[str, tuple[Path, str]], *, shape: str = "tiny") -> dict[str, Path]:
     """Model directories ``vllm serve`` takes: for each ``name: (tokenizer_dir, architecture)``,
-    the directory's files with tiny random weights of that architecture (``hf_model.py``, the
-    missing ones built in one run), cached by the files' bytes and the recipe."""
+    the directory's files with random weights of that architecture (``hf_model.py``, the
+    missing ones built in one run; ``shape``: its ``--shape``, tiny by default), cached by the
+    files' bytes and the recipe."""
     out: dict[str, Path] = {}
     for name, (tokenizer_dir, architecture) in models.items():
-        digest = hashlib.sha256(_HF_MODEL.read_bytes() + architecture.encode())
+        digest = hashlib.sha256(_HF_MODEL.read_bytes() + architecture.encode() + (b"" if shape == "tiny" else shape.encode()))
         for path in sorted(p for p in tokenizer_dir.iterdir() if p.is_file()):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
         out[name] = cache_root() / "models" / f"{name}-{digest.hexdigest()[:16]}"
@@ -145,7 +146,7 @@ def hf_models(python: Path, models: Mapping[str, tuple[Path, str]]) -> dict[str,
                 for path in models[name][0].iterdir():
                     if path.is_file():
                         (directory / path.name).write_bytes(path.read_bytes())
-            argv = [str(python), str(_HF_MODEL), *(f"{scratch[name]}:{models[name][1]}" for name in missing)]
+            argv = [str(python), str(_HF_MODEL), f"--shape={shape}", *(f"{scratch[name]}:{models[name][1]}" for name in missing)]
             _run(argv, f"building the models {', '.join(missing)}")
             for name, directory in scratch.items():
                 directory.rename(missing[name])
