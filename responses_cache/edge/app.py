@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -63,6 +64,8 @@ class ServerConfig:
     backend: Backend | None = None
     router: Router | None = None
     renderer: str | None = "harmony"
+    #: Keyword options for the default route's renderer (``get_renderer(renderer, **options)``).
+    renderer_options: Mapping[str, Any] = field(default_factory=dict)
     api_keys: Iterable[str] | Mapping[str, str] | None = None
     authenticator: Authenticator | None = None
     store: ResponseStore | None = None
@@ -133,12 +136,19 @@ class ServerConfig:
     engine_slots: int | None = None
 
 
-def default_router(backend: Backend, renderer: str | None, context_window: int) -> StaticRouter:
+def default_router(
+    backend: Backend, renderer: str | None, context_window: int, renderer_options: Mapping[str, Any] | None = None
+) -> StaticRouter:
     r = None
     if renderer:
         from ..tokens import get_renderer
 
-        r = get_renderer(renderer)
+        try:
+            r = get_renderer(renderer, **(renderer_options or {}))
+        except TypeError as exc:  # an option the renderer does not take
+            raise ValueError(f"renderer_options {dict(renderer_options or {})!r} do not apply to {renderer!r}: {exc}") from None
+    elif renderer_options:
+        raise ValueError("renderer_options are given but no renderer")
     route = Route(name="default", model=backend.models()[0], backend=backend, renderer=r, context_window=context_window)
     return StaticRouter({m: route for m in backend.models()}, default=route)
 
@@ -182,7 +192,7 @@ def create_service(config: ServerConfig | None = None, **options: object) -> Ser
 
 def _build(cfg: ServerConfig, authenticator: Authenticator) -> Service:
     backend = cfg.backend or SimulatedEngine()
-    router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window)
+    router = cfg.router or default_router(backend, cfg.renderer, cfg.context_window, cfg.renderer_options)
     metrics = cfg.metrics or InMemoryMetrics()
     store = cfg.store
     if store is None:

@@ -89,6 +89,7 @@ def server_config(settings: ServeSettings) -> ServerConfig:
         backend=load_backend(settings.backend, **options),
         api_keys=settings.api_keys or None,
         renderer=settings.renderer or None,
+        renderer_options=settings.renderer_options,
         billing=_biller(settings),
         metrics=metrics,
         tracer=tracer,

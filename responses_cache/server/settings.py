@@ -92,6 +92,9 @@ class ServeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     api_keys: list[str] = msgspec.field(default_factory=list)
     instant: bool = False
     renderer: str = "harmony"
+    #: Keyword options for the renderer (``get_renderer``'s: for ``hf:`` and ``gguf:``
+    #: ``history = "keep"``, ``template_kwargs``; for harmony ``reasoning_effort``).
+    renderer_options: dict[str, Any] = msgspec.field(default_factory=dict)
     log_level: str = "warning"
     prometheus: bool = False
     #: OpenTelemetry traces and metrics (the otel extra): the global providers, or, when none is
@@ -256,7 +259,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             raise SettingsError(f"unknown environment variable {key} (no serve setting {name!r})")
         if name == "api_keys":
             out[key] = {name: [k.strip() for k in raw.split(",") if k.strip()]}
-        elif name in ("backend_options", "quotas"):
+        elif name in ("backend_options", "renderer_options", "quotas"):
             try:
                 out[key] = {name: json.loads(raw)}
             except ValueError:

@@ -200,3 +200,28 @@ def test_input_rate_settings_default_to_the_limits_and_zero_turns_a_rate_off() -
     assert input_rate_limits(load_settings(env=env)) == InputRateLimits(
         connection_bytes_per_s=None, connection_burst_bytes=9, tenant_bytes_per_s=5000, tenant_burst_bytes=70000
     )
+
+
+def test_renderer_options_reach_the_route_renderer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
+    from responses_cache.edge.app import default_router
+    from responses_cache.server.cli import server_config
+    from tests.tokens.hf_assets import build_tokenizer_dir
+
+    model = build_tokenizer_dir("qwen", tmp_path / "qwen")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'renderer = "hf:{model}"\n[renderer_options]\nhistory = "keep"\n')
+    settings = load_settings(file=config)
+    assert server_config(settings).renderer_options == {"history": "keep"}
+    env = {"RESPONSES_CACHE_RENDERER_OPTIONS": '{"history": "keep"}'}
+    assert load_settings(env=env).renderer_options == {"history": "keep"}
+    engine = SimulatedEngine(SimulatedConfig(instant=True))
+    route = default_router(engine, settings.renderer, 4096, settings.renderer_options).resolve("any", "tenant")
+    assert route.renderer is not None and getattr(route.renderer, "history") == "keep"
+    default = default_router(engine, settings.renderer, 4096).resolve("any", "tenant")
+    assert getattr(default.renderer, "history") == "template"
+    # An option the renderer does not take stops the start, naming it.
+    bad = tmp_path / "bad.toml"
+    bad.write_text('renderer = "harmony"\n[renderer_options]\nhistory = "keep"\n')
+    assert main(["serve", "--config", str(bad)]) == 2
+    assert "renderer_options {'history': 'keep'} do not apply to 'harmony'" in capsys.readouterr().err
