@@ -100,8 +100,7 @@ def provision(version: str = LLAMA_CPP_PYTHON_VERSION, *, cuda: bool = False, so
             shutil.rmtree(build.home)
         build.home.mkdir(parents=True)
         if source is not None:
-            with tarfile.open(source) as archive:
-                archive.extractall(build.source, filter="data")
+            unpack_source(source, build.source)
         else:
             with tempfile.TemporaryDirectory(prefix="llama-sdist-", dir=build.home) as scratch:
                 pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
@@ -134,6 +133,12 @@ def pack_source(build: Build, out: Path) -> Path:
         for path in sorted(build.source.iterdir()):
             archive.add(path, arcname=path.name, filter=keep)
     return out
+
+
+def unpack_source(archive: Path, into: Path) -> None:
+    """A :func:`pack_source` archive's tree, as ``into``."""
+    with tarfile.open(archive) as packed:
+        packed.extractall(into, filter="data")
 
 
 def _extract_vendored(sdist: Path, into: Path) -> None:
