@@ -283,10 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = real_model_dir("qwen3")
     if files is None:
         raise SystemExit("Qwen3's tokenizer files cannot be had here (npm is missing)")
-    architecture, name = ("Qwen2ForCausalLM", "tiny-qwen3-real") if args.shape == "tiny" else ("Qwen3ForCausalLM", args.shape)
-    model = vllmproc.hf_models(python, {name: (files, architecture)}, shape=args.shape)[name]
+    architecture, model_name = ("Qwen2ForCausalLM", "tiny-qwen3-real") if args.shape == "tiny" else ("Qwen3ForCausalLM", args.shape)
+    model = vllmproc.hf_models(python, {model_name: (files, architecture)}, shape=args.shape)[model_name]
     build = llamaproc.provision(cuda=args.cuda, source=args.source)
-    gguf = llamaproc.gguf_model(build, python, model, name)
+    gguf = llamaproc.gguf_model(build, python, model, model_name)
     context = max(args.history) + args.turns * (max(args.output) + 64) + 2048
     rows = []
     # One thread for the server by default: its threads spin while they wait, and on a small
