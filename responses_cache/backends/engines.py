@@ -37,6 +37,7 @@ import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 
 from ..engine_events import BackendEvent, ReasoningDelta, TextDelta, ToolCallDelta
@@ -239,8 +240,15 @@ async def batched(source: AsyncGenerator[T, None], limit: int = BATCH_LIMIT) -> 
     ``source`` is read by a task of its own, at most ``limit`` items ahead of the consumer (a
     client that does not read stops the engine's stream being read). An error of ``source``
     reaches the consumer after the items before it. Closing the batches (or cancelling their
-    consumer) cancels the read and closes ``source``; use ``contextlib.aclosing``."""
+    consumer) cancels the read and closes ``source``; use ``contextlib.aclosing``.
+
+    The read is cancelled through an anyio cancel scope, not ``Task.cancel()``: a source's
+    shielded cleanup then runs to its end. httpx's does (httpcore hands the connection back to
+    its pool in a shielded scope); a plain task cancellation landing there, as the consumer
+    closes on the engine's last chunk while the reader finishes the response, left the
+    connection checked out for good, one a turn, until the pool was empty."""
     loop = asyncio.get_running_loop()
+    scope = anyio.CancelScope()
     ready: list[T] = []
     wake: asyncio.Future[None] | None = None  # the consumer, waiting for an item
     room: asyncio.Future[None] | None = None  # the reader, waiting for the consumer
@@ -254,13 +262,14 @@ async def batched(source: AsyncGenerator[T, None], limit: int = BATCH_LIMIT) -> 
     async def read() -> None:
         nonlocal room, failure, ended
         try:
-            async with contextlib.aclosing(source):
-                async for item in source:
-                    ready.append(item)
-                    nudge(wake)
-                    if len(ready) >= limit:
-                        room = loop.create_future()
-                        await room
+            with scope:  # cancelled by the consumer's close: the read ends quietly
+                async with contextlib.aclosing(source):
+                    async for item in source:
+                        ready.append(item)
+                        nudge(wake)
+                        if len(ready) >= limit:
+                            room = loop.create_future()
+                            await room
         except BaseException as exc:  # handed to the consumer, after the items before it
             failure = exc
             if isinstance(exc, asyncio.CancelledError):
@@ -285,7 +294,7 @@ async def batched(source: AsyncGenerator[T, None], limit: int = BATCH_LIMIT) -> 
                 await wake
                 wake = None
     finally:
-        reader.cancel()
+        scope.cancel()
         try:
             await reader
         except asyncio.CancelledError:

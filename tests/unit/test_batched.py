@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 
+import anyio
 import pytest
 
 from responses_cache import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
@@ -177,6 +178,33 @@ def test_closing_while_the_read_waits_for_room_closes_the_source() -> None:
         return closed
 
     assert asyncio.run(run())
+
+
+def test_closing_on_the_last_item_lets_the_sources_shielded_cleanup_finish() -> None:
+    """The consumer closes on the engine's last chunk while the reader is still finishing the
+    source, whose cleanup is shielded (httpx hands the connection back to its pool so): the
+    cleanup runs to its end. A plain ``Task.cancel()`` lands inside the shield and cuts it short,
+    which left one pooled connection checked out per turn."""
+
+    async def run() -> list[str]:
+        log: list[str] = []
+
+        async def stream() -> AsyncGenerator[int, None]:
+            try:
+                yield 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.sleep(0.01)  # the pool's lock, the connection's state
+                    log.append("released")
+
+        async with contextlib.aclosing(batched(stream())) as batches:
+            async for batch in batches:
+                log.append(f"took {batch}")
+                break  # the last chunk: the consumer is done
+        log.append("closed")
+        return log
+
+    assert asyncio.run(run()) == ["took [1]", "released", "closed"]
 
 
 def test_merge_deltas_joins_each_run_of_one_kind_and_keeps_the_rest_in_place() -> None:

@@ -206,6 +206,7 @@ def test_renderer_options_reach_the_route_renderer(tmp_path: Path, capsys: pytes
     from responses_cache.backends.simulated import SimulatedConfig, SimulatedEngine
     from responses_cache.edge.app import default_router
     from responses_cache.server.cli import server_config
+    from responses_cache.tokens.hf import HFRenderer
     from tests.tokens.hf_assets import build_tokenizer_dir
 
     model = build_tokenizer_dir("qwen", tmp_path / "qwen")
@@ -217,9 +218,9 @@ def test_renderer_options_reach_the_route_renderer(tmp_path: Path, capsys: pytes
     assert load_settings(env=env).renderer_options == {"history": "keep"}
     engine = SimulatedEngine(SimulatedConfig(instant=True))
     route = default_router(engine, settings.renderer, 4096, settings.renderer_options).resolve("any", "tenant")
-    assert route.renderer is not None and getattr(route.renderer, "history") == "keep"
+    assert isinstance(route.renderer, HFRenderer) and route.renderer.history == "keep"
     default = default_router(engine, settings.renderer, 4096).resolve("any", "tenant")
-    assert getattr(default.renderer, "history") == "template"
+    assert isinstance(default.renderer, HFRenderer) and default.renderer.history == "template"
     # An option the renderer does not take stops the start, naming it.
     bad = tmp_path / "bad.toml"
     bad.write_text('renderer = "harmony"\n[renderer_options]\nhistory = "keep"\n')

@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any
 
+import httpx
 import pytest
 from responses_cache_vllm import EngineBackend, HandshakeError
 from websockets.sync.client import connect
@@ -314,6 +315,23 @@ def test_client_disconnect_closes_the_engine_stream(responses_cache_server_facto
     while engine.closed_early == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.closed_early == 1 and engine.completed == 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_every_turn_hands_the_engine_connection_back(responses_cache_server_factory: Any, name: str) -> None:
+    """A pool of two connections carries a dozen turns: each turn's stream goes back to the pool
+    once it ends (a stream left checked out, one a turn, emptied the default pool of 100 after
+    100 turns, and every later turn waited for the pool's timeout and failed)."""
+    fake = FakeVllm if name == "vllm" else FakeSglang
+    engine = fake(ENC, [ANSWER] * 12)
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2), timeout=httpx.Timeout(30, pool=5))
+    server = _serve(responses_cache_server_factory, engine, name=name, client=client)
+    with connect(server.ws_url, max_size=None) as ws:
+        previous = None
+        for n in range(12):
+            done = _turn(ws, input=f"Turn {n}.", store=False, previous_response_id=previous)
+            assert done["type"] == "response.completed", (n, done)
+            previous = done["response"]["id"]
 
 
 def test_handshake_refuses_an_engine_with_another_vocabulary(responses_cache_server_factory: Any) -> None:
