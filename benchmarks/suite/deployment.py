@@ -51,6 +51,8 @@ class Deployment:
     more_keys: tuple[str, ...] = ()
     answer_tokens: int = 24
     drain_timeout_s: float = 30.0
+    #: ``serve``'s log level (``info``: uvicorn's shutdown steps are in the log too).
+    log_level: str = "warning"
     ports: tuple[int, ...] = ()
     processes: list[ServeProcess] = field(default_factory=list)
     ledgers: list[Path] = field(default_factory=list)
@@ -80,6 +82,8 @@ class Deployment:
             str(ledger),
             "--drain-timeout-s",
             str(self.drain_timeout_s),
+            "--log-level",
+            self.log_level,
             env={**os.environ, "RESPONSES_CACHE_SEALING_KEY": SEALING_KEY},
             log=self.tmp / f"serve-{index}-{len(self.ledgers)}.log",
             wait=False,

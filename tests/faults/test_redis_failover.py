@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ def test_the_codex_cli_finishes_its_task_through_a_sentinel_failover(tmp_path: P
     command = f"sleep 2; echo {marker}"
     promoted: list[float] = []
     with SentinelProcess(replicas=1, down_after_ms=5000, failover_timeout_ms=2000) as redis:
-        deployment = Deployment(tmp_path, redis.url, tokens_per_s=200.0, count=1)
+        # info: where a stop hangs, uvicorn's shutdown steps in the log say which one
+        deployment = Deployment(tmp_path, redis.url, tokens_per_s=200.0, count=1, log_level="info")
         try:
             server = deployment.start(0)
             codex = start_codex(cli, server.http_url, tmp_path, f"Run `{command}` and tell me the output.", api_key=KEY)
@@ -76,7 +78,10 @@ def test_the_codex_cli_finishes_its_task_through_a_sentinel_failover(tmp_path: P
                     codex.communicate()
             watcher.join()
             server.proc.send_signal(signal.SIGTERM)
-            assert server.proc.wait(40) == 0
+            try:
+                assert server.proc.wait(40) == 0
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"serve did not stop 40 s after SIGTERM; its log ends:\n{server.output()[-3000:]}") from None
         finally:
             deployment.stop()
     assert promoted, "the Sentinel promoted no replica"
