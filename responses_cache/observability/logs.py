@@ -49,8 +49,19 @@ class JsonFormatter(logging.Formatter):
 def use_json_logs(level: int | str = logging.INFO, stream: Any = None) -> logging.Handler:
     """Send every ``responses_cache`` log record to ``stream`` (stderr) as JSON lines, at
     ``level`` and above (INFO includes the line per turn). Returns the handler it installed."""
+    return _send_logs(JsonFormatter(), level, stream)
+
+
+def use_text_logs(level: int | str = logging.INFO, stream: Any = None) -> logging.Handler:
+    """Send every ``responses_cache`` log record to ``stream`` (stderr) as ``LEVEL: message``
+    lines, at ``level`` and above (``serve --log-level info``: the drain's progress, the line per
+    turn). Returns the handler it installed."""
+    return _send_logs(logging.Formatter("%(levelname)s: %(message)s"), level, stream)
+
+
+def _send_logs(formatter: logging.Formatter, level: int | str, stream: Any) -> logging.Handler:
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(formatter)
     logger = logging.getLogger("responses_cache")
     logger.addHandler(handler)
     logger.setLevel(level)

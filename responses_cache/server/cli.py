@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,10 @@ def _serve(args: argparse.Namespace) -> int:
         from ..observability.logs import use_json_logs
 
         use_json_logs()  # INFO: the line per turn
+    elif settings.log_level in _VERBOSE:
+        from ..observability.logs import use_text_logs
+
+        use_text_logs(_VERBOSE[settings.log_level])  # the package's own records too, not uvicorn's alone
     return_large_blocks()  # what a megabyte input allocates goes back to the system once freed
     host, port = settings.host, settings.port
     print(f"responses-cache: serving {settings.backend} on http://{host}:{port}/v1 (WebSocket: ws://{host}:{port}/v1/responses)", flush=True)
@@ -65,6 +70,10 @@ def _serve(args: argparse.Namespace) -> int:
     freeze_startup_objects()  # what start-up built is never walked by the garbage collector again
     DrainingServer(server, app.state.service, settings.drain_timeout_s).run()
     return 0
+
+
+#: ``log_level`` values under WARNING, as :mod:`logging` levels (uvicorn's ``trace`` is 5).
+_VERBOSE = {"info": logging.INFO, "debug": logging.DEBUG, "trace": 5}
 
 
 def server_config(settings: ServeSettings) -> ServerConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -25,13 +26,16 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 KEY = "sk-drain"
 
 
-def _serve(tmp_path: Path, *, tokens_per_s: float, answer_tokens: int, drain_s: float) -> tuple[ServeProcess, Path]:
+def _serve(
+    tmp_path: Path, *, tokens_per_s: float, answer_tokens: int, drain_s: float, log_level: str = "warning"
+) -> tuple[ServeProcess, Path]:
     tmp_path.mkdir(exist_ok=True)
     settings = tmp_path / "serve.toml"
     settings.write_text(f"[backend_options]\noutput_tokens_per_s = {tokens_per_s}\nanswer_tokens = {answer_tokens}\n")
     ledger = tmp_path / "usage.jsonl"
     server = serve_in_process(
-        "--config", str(settings), "--api-key", KEY, "--billing-jsonl", str(ledger), "--drain-timeout-s", str(drain_s)
+        "--config", str(settings), "--api-key", KEY, "--billing-jsonl", str(ledger), "--drain-timeout-s", str(drain_s),
+        "--log-level", log_level,
     )
     return server, ledger
 
@@ -63,7 +67,8 @@ def _wait_exit(server: ServeProcess, timeout: float) -> int:
 
 
 def test_sigterm_lets_the_running_turn_finish_then_closes_1001_and_exits_0(tmp_path: Path) -> None:
-    server, ledger = _serve(tmp_path, tokens_per_s=25.0, answer_tokens=40, drain_s=30.0)  # a turn: ~1.6 s
+    # info: the package's own records reach the log too (the drain's count, a line per turn)
+    server, ledger = _serve(tmp_path, tokens_per_s=25.0, answer_tokens=40, drain_s=30.0, log_level="info")  # a turn: ~1.6 s
     base = f"http://{server.host}:{server.port}"
     try:
         # No key needed, nothing revealed.
@@ -99,7 +104,10 @@ def test_sigterm_lets_the_running_turn_finish_then_closes_1001_and_exits_0(tmp_p
         assert idle_after < 1.5  # promptly, not after the busy turn
         assert _wait_exit(server, 30) == 0
         assert _billed(ledger) == {idle_id: "completed", busy_id: "completed"}
-        assert "Traceback" not in server.output()
+        log = server.output()
+        assert "Traceback" not in log
+        assert re.search(r"INFO: draining: [1-9]\d* connection\(s\) and task\(s\) to finish within 30.0s", log), log
+        assert f"{busy_id}" in log  # the busy turn's own line
     finally:
         server.kill()
 
