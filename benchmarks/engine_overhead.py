@@ -81,7 +81,7 @@ from benchmarks.suite import vllmproc
 from benchmarks.suite.clients import SocketHTTPClient, TurnTiming, WSClient, http_body, ws_frame
 from benchmarks.suite.footprint import cpu_seconds
 from benchmarks.suite.redisproc import _free_port
-from benchmarks.suite.server import stop_process
+from benchmarks.suite.server import started, stop_process
 from benchmarks.suite.stats import p50, percentile, ratio
 from responses_cache.protocol.items import InputText, Message, OutputText
 from responses_cache.protocol.tools import EMPTY_TOOLS
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.env.update({"VLLM_ENABLE_RESPONSES_API_STORE": "1", **fam.env})
     results: list[dict[str, Any]] = []
     emit: Callable[[str], None] = print
-    with vllmproc.started(engine), network_server(engine, fam.served, fam.template) as network:
+    with started(engine), network_server(engine, fam.served, fam.template) as network:
         assert engine.pid is not None
         meter = CpuMeter(engine.pid, network.pid)
         emit(f"<!-- vLLM API server pid {engine.pid}, responses-cache serve pid {network.pid} (for a profiler) -->")

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 from .footprint import rss_bytes
 from .runner import ServerSpec
@@ -154,6 +154,10 @@ class ServerProcess:
         if proc is not None:
             stop_process(proc)
 
+    def close(self) -> None:
+        """Stop the child: all there is to clean up (what :func:`started` calls)."""
+        self.stop()
+
     def rss(self) -> int:
         return rss_bytes(self.pid)
 
@@ -185,19 +189,32 @@ class ServerProcess:
         self.stop()
 
 
+class Launchable(Protocol):
+    """A child process started in two steps, so that several start at once: :class:`ServerProcess`,
+    ``vllmproc.VllmProcess``, ``llamaproc.LlamaServer``."""
+
+    def launch(self) -> None: ...
+    def wait_ready(self) -> object: ...
+    def close(self) -> None: ...
+
+
+L = TypeVar("L", bound=Launchable)
+
+
 @contextlib.contextmanager
-def started(*servers: ServerProcess) -> Iterator[tuple[ServerProcess, ...]]:
-    """Start several servers at once (their start-ups overlap: each is a child importing the
-    package), stop them all at the end. Nothing is measured before all are ready."""
+def started(*processes: L) -> Iterator[tuple[L, ...]]:
+    """Start several servers or engines at once (their start-ups overlap: each is a child
+    importing its package or loading its model), close them all at the end, the last first.
+    Nothing is measured before all are ready."""
     try:
-        for server in servers:
-            server.launch()
-        for server in servers:
-            server.wait_ready()
-        yield servers
+        for process in processes:
+            process.launch()
+        for process in processes:
+            process.wait_ready()
+        yield processes
     finally:
-        for server in reversed(servers):
-            server.stop()
+        for process in reversed(processes):
+            process.close()
 
 
 #: The two trees of a side-by-side run: this checkout, and the ``--baseline-tree`` one.

@@ -379,18 +379,3 @@ class VllmProcess:
         """Stop the server and delete its log."""
         self.stop()
         self.log.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def started(*engines: VllmProcess) -> Iterator[tuple[VllmProcess, ...]]:
-    """Start several engines at once (their start-ups overlap; those running already are waited
-    for), stop them all at the end."""
-    try:
-        for engine in engines:
-            engine.launch()
-        for engine in engines:
-            engine.wait_ready()
-        yield engines
-    finally:
-        for engine in engines:
-            engine.close()

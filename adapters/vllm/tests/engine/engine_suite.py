@@ -15,6 +15,7 @@ from openai import OpenAI
 from responses_cache_vllm import EngineBackend
 
 from benchmarks.suite import vllmproc
+from benchmarks.suite.server import started
 from tests.websocket.wsclient import TERMINAL, check_event, check_stream
 
 MODEL = "tiny-oss"
@@ -79,7 +80,7 @@ class Prelaunch:
     def take(self, name: str) -> Iterator[dict[str, vllmproc.VllmProcess]]:
         """The group ``name`` once all its engines answer; stopped at the end."""
         engines = self._submit(name).result()
-        with vllmproc.started(*engines.values()):
+        with started(*engines.values()):
             yield engines
 
     def close(self) -> None:
