@@ -49,6 +49,8 @@ from typing import Any
 
 import httpx
 
+from responses_cache.testing import wait_listening
+
 from . import llamaproc, vllmproc
 from .footprint import cpu_seconds
 from .redisproc import _free_port
@@ -248,16 +250,10 @@ def _front(server: llamaproc.LlamaServer, gguf: Path, history: str) -> tuple[sub
     path = [str(_ROOT), str(_ROOT / "adapters" / "llamacpp"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.Popen([sys.executable, "-c", _FRONT, server.url, str(gguf), str(port), history], env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            httpx.get(url + "/v1/models", timeout=2)
-            return proc, url
-        except httpx.TransportError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the responses-cache front did not start") from None
-            time.sleep(0.2)
+    # uvicorn listens once the app's start-up (the renderer, the backend's handshake) is done
+    if not wait_listening(proc, "127.0.0.1", port, 120):
+        raise RuntimeError("the responses-cache front did not start")
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
