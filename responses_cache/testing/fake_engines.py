@@ -158,6 +158,26 @@ CEREBRAS_CHAT_FIELDS = frozenset(
 )
 
 
+class _Pace:
+    """An engine's clock: chunk ``i`` is due ``i * interval_s`` after the first one, so a late
+    wake-up (a busy machine) delays that chunk, not every one after it; an engine's steps keep
+    their own time whoever reads the stream."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.start: float | None = None
+
+    async def until(self, i: int) -> None:
+        if not self.interval_s:
+            return
+        now = asyncio.get_running_loop().time()
+        if self.start is None:
+            self.start = now - i * self.interval_s
+        delay = self.start + i * self.interval_s - now
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
 @dataclass
 class Behaviour:
     """How the fake answers one request (set per request in :attr:`FakeEngine.behaviours`)."""
@@ -165,7 +185,8 @@ class Behaviour:
     #: Tokens per streamed chunk (engines batch several tokens per step).
     chunk_tokens: int = 3
     #: Seconds between two chunks (0: as fast as the client reads): an engine's pace, for example
-    #: 0.001 for one that samples 1,000 tokens/s, each token then arriving on its own.
+    #: 0.001 for one that samples 1,000 tokens/s, each token then arriving on its own. Chunk ``i``
+    #: is due ``i * interval_s`` after the first: a late wake-up does not push the rest back.
     interval_s: float = 0.0
     #: Deliver each chunk's text one chunk late (an incremental detokenizer holding text back).
     hold_back: bool = False
@@ -316,8 +337,9 @@ class FakeEngine:
     ) -> AsyncIterator[dict[str, Any] | bytes]:
         """A ``/v1/completions`` stream's choices, one per chunk (``stop_field``: the engine's name
         for the stop id that ended it); an error chunk (already framed, as bytes) ends it."""
+        pace = _Pace(behaviour.interval_s)
         for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
-            await self._hang(behaviour, i)
+            await self._hang(behaviour, i, pace)
             if behaviour.error_after is not None and i == behaviour.error_after:
                 yield _sse(self._error_body(500, behaviour.message)) + b"data: [DONE]\n\n"
                 return
@@ -331,11 +353,10 @@ class FakeEngine:
                 choice["token_ids"] = chunk
             yield choice
 
-    async def _hang(self, behaviour: Behaviour, i: int) -> None:
+    async def _hang(self, behaviour: Behaviour, i: int, pace: _Pace) -> None:
         """Before chunk ``i``: keep the pace and stall as ``behaviour`` says (cancelled when the
         client goes away)."""
-        if behaviour.interval_s and i:
-            await asyncio.sleep(behaviour.interval_s)
+        await pace.until(i)
         if behaviour.hang_after is None or i < behaviour.hang_after:
             return
         if behaviour.gate is None:
@@ -496,8 +517,9 @@ class FakeVllm(FakeEngine):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def frames() -> AsyncIterator[bytes]:
+            pace = _Pace(behaviour.interval_s)
             for i, chunk in enumerate(chunks):
-                await self._hang(behaviour, i)
+                await self._hang(behaviour, i, pace)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse(self._error_body(500, behaviour.message))
                     yield b"data: [DONE]\n\n"
@@ -611,8 +633,9 @@ class FakeSglang(FakeEngine):
 
         async def frames() -> AsyncIterator[bytes]:
             text, out = "", list[int]()
+            pace = _Pace(behaviour.interval_s)
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                await self._hang(behaviour, i)
+                await self._hang(behaviour, i, pace)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message}})
                     yield b"data: [DONE]\n\n"
@@ -782,8 +805,9 @@ class FakeCerebras(FakeEngine):
         cached = self._cached(None, prompt)
 
         async def frames() -> AsyncIterator[bytes]:
+            pace = _Pace(behaviour.interval_s)
             for i, (chunk, piece) in enumerate(zip(chunks, texts, strict=True)):
-                await self._hang(behaviour, i)
+                await self._hang(behaviour, i, pace)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})
@@ -832,8 +856,9 @@ class FakeCerebras(FakeEngine):
                                                "function": {"name": name, "arguments": ""}}]})
                 deltas += [{"tool_calls": [{"index": n, "function": {"arguments": arguments[i : i + 8]}}]}
                            for i in range(0, len(arguments), 8)]
+            pace = _Pace(behaviour.interval_s)
             for i, delta in enumerate(deltas):
-                await self._hang(behaviour, i)
+                await self._hang(behaviour, i, pace)
                 if behaviour.error_after is not None and i == behaviour.error_after:
                     yield _sse({"error": {"message": behaviour.message, "type": "server_error", "code": "internal_error"},
                                 "status_code": 500})
