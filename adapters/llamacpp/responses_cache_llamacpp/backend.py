@@ -44,6 +44,7 @@ from responses_cache import (
     ToolCallStart,
     get_renderer,
 )
+from responses_cache.backends.http import engine_client
 from responses_cache.engines import (
     ACCEPTED,
     JSON_CONTENT_TYPE,
@@ -135,8 +136,8 @@ class LlamaCppBackend:
         self._slots_override = slots
         self.extra_body = dict(extra_body or {})
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers, transport=transport
+        self._client = client or engine_client(
+            timeout=timeout, connect_timeout=connect_timeout, headers=headers, transport=transport
         )
         self._servers: dict[str, _Server] = {}
         self._verified: set[str] = set()

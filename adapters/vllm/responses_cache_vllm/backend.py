@@ -45,6 +45,7 @@ from responses_cache import (
     ToolCallStart,
     get_renderer,
 )
+from responses_cache.backends.http import engine_client
 from responses_cache.engines import (
     ACCEPTED,
     JSON_CONTENT_TYPE,
@@ -164,8 +165,8 @@ class EngineBackend:
         #: Ask ``/v1/completions`` for the sampled ids (vLLM ``return_token_ids``).
         self.return_token_ids = return_token_ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers, transport=transport
+        self._client = client or engine_client(
+            timeout=timeout, connect_timeout=connect_timeout, headers=headers, transport=transport
         )
         self.dialect: Dialect | None = None
         self._verified: set[str] = set()

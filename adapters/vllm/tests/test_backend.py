@@ -4,7 +4,6 @@ and error mapping."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -17,7 +16,8 @@ from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.testing import Behaviour, FakeSglang, FakeVllm
+from responses_cache.backends.http import engine_transport
+from responses_cache.testing import Behaviour, FakeSglang, FakeVllm, start_once
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
 CALL = (
@@ -142,7 +142,7 @@ def test_vllm_generate_endpoint_on_a_stock_server_refuses_to_start(responses_cac
     url = f"http://127.0.0.1:{responses_cache_server_factory(engine.app()).port}"
     backend = EngineBackend(url, model="openai/gpt-oss-20b", endpoint="generate", template="harmony")
     with pytest.raises(RuntimeError, match="--enable-scale-out"):
-        asyncio.run(backend.start())
+        start_once(backend)
 
 
 def test_vllm_completions_without_ids_parses_the_engines_text(responses_cache_server_factory: Any) -> None:
@@ -317,14 +317,18 @@ def test_client_disconnect_closes_the_engine_stream(responses_cache_server_facto
     assert engine.closed_early == 1 and engine.completed == 0
 
 
+@pytest.mark.parametrize("pool", ["aiohttp", "httpcore"])
 @pytest.mark.parametrize("name", ["vllm", "sglang"])
-def test_every_turn_hands_the_engine_connection_back(responses_cache_server_factory: Any, name: str) -> None:
+def test_every_turn_hands_the_engine_connection_back(responses_cache_server_factory: Any, name: str, pool: str) -> None:
     """A pool of two connections carries a dozen turns: each turn's stream goes back to the pool
     once it ends (a stream left checked out, one a turn, emptied the default pool of 100 after
-    100 turns, and every later turn waited for the pool's timeout and failed)."""
+    100 turns, and every later turn waited for the pool's timeout and failed). Both pools: the
+    adapters' own (aiohttp's, :func:`engine_transport`) and httpx's, which a user may pass."""
     fake = FakeVllm if name == "vllm" else FakeSglang
     engine = fake(ENC, [ANSWER] * 12)
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2), timeout=httpx.Timeout(30, pool=5))
+    limits = httpx.Limits(max_connections=2)
+    transport = engine_transport(limits) if pool == "aiohttp" else httpx.AsyncHTTPTransport(limits=limits)
+    client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, pool=5))
     server = _serve(responses_cache_server_factory, engine, name=name, client=client)
     with connect(server.ws_url, max_size=None) as ws:
         previous = None
@@ -339,10 +343,10 @@ def test_handshake_refuses_an_engine_with_another_vocabulary(responses_cache_ser
     upstream = responses_cache_server_factory(engine.app())
     backend = EngineBackend(f"http://127.0.0.1:{upstream.port}", model=engine.model, template="harmony")
     with pytest.raises(HandshakeError, match="tokenizes differently"):
-        asyncio.run(backend.start())
+        start_once(backend)
     same = FakeVllm(ENC, [ANSWER])
     ok = EngineBackend(f"http://127.0.0.1:{responses_cache_server_factory(same.app()).port}", model=same.model, template="harmony")
-    asyncio.run(ok.start())
+    start_once(ok)
     assert ok.dialect is not None and ok.dialect.name == "vllm-generate" and ok.context_window == same.max_model_len
 
 
