@@ -13,6 +13,7 @@
 * :func:`serve_in_thread` runs an app under uvicorn in a thread; :func:`serve_in_process` runs
   ``responses-cache serve`` in a child process (for tests that kill it, or share a store).
 * :class:`WebhookReceiver` is a billing webhook on a loopback port that can be told to fail.
+* :func:`start_once` runs a backend's start-up checks and closes it.
 * :func:`steer_mid_answer` steers a response a gated fake engine is streaming, over a WebSocket;
   :func:`wait_for` waits (with a deadline) for what another thread or process reaches on its own.
 """
@@ -403,6 +404,20 @@ def _run_sync(coro: Any) -> Any:
         return asyncio.run(coro)
     coro.close()
     raise RuntimeError("called from a running event loop: await hook_equivalence(...) instead")
+
+
+def start_once(backend: Any) -> None:
+    """``backend.start()`` in an event loop of its own, then ``backend.aclose()`` whatever the
+    start did (a test of start-up checks: the handshake, the context read). Raises what the
+    start raised."""
+
+    async def run() -> None:
+        try:
+            await backend.start()
+        finally:
+            await backend.aclose()
+
+    asyncio.run(run())
 
 
 def check_hook_equivalence(

@@ -4,7 +4,6 @@ suite sees them), its slot table, and the entry point. The real server: ``tests/
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from responses_cache_llamacpp import HandshakeError, LlamaCppBackend, SlotTable,
 from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
+from responses_cache.testing import start_once
 
 CHATML = get_renderer("chatml")
 ENC = CHATML.encoding
@@ -153,9 +153,9 @@ def test_an_unavailable_server_sends_the_conversation_to_the_next(responses_cach
 
 
 def test_the_handshake_refuses_a_server_with_another_vocabulary() -> None:
-    asyncio.run(_backend(FakeLlamaServer([]), template="chatml").start())
+    start_once(_backend(FakeLlamaServer([]), template="chatml"))
     with pytest.raises(HandshakeError, match="tokenizes differently"):
-        asyncio.run(_backend(FakeLlamaServer([]), template="harmony").start())
+        start_once(_backend(FakeLlamaServer([]), template="harmony"))
 
 
 def test_the_slot_table_keeps_recent_conversations_and_never_evicts_a_running_one() -> None:

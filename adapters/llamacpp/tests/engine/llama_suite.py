@@ -13,6 +13,7 @@ from openai import OpenAI
 from responses_cache_llamacpp import LlamaCppBackend
 
 from benchmarks.suite.llamaproc import LlamaServer
+from responses_cache.backends.http import engine_transport
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.tools import ToolSet
 from responses_cache.tokens import get_renderer
@@ -86,13 +87,15 @@ class _Tee(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
-class Recorder(httpx.AsyncHTTPTransport):
-    """The real transport, keeping every ``/completion`` request the adapter sends and the
-    server's stream for it."""
+class Recorder(httpx.AsyncBaseTransport):
+    """The adapter's own transport (:func:`engine_transport`: aiohttp's pool), keeping every
+    ``/completion`` request the adapter sends and the server's stream for it."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self._inner = engine_transport()
         self.bodies: list[dict[str, Any]] = []
+        #: The server each ``/completion`` request went to (``http://host:port``).
+        self.servers: list[str] = []
         self._streams: list[bytearray] = []
 
     @property
@@ -112,14 +115,18 @@ class Recorder(httpx.AsyncHTTPTransport):
         return dict(self.chunks(n)[-1]["timings"])
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await super().handle_async_request(request)
+        response = await self._inner.handle_async_request(request)
         if request.url.path != "/completion":
             return response
         self.bodies.append(json.loads(request.content))
+        self.servers.append(f"{request.url.scheme}://{request.url.host}:{request.url.port}")
         self._streams.append(bytearray())
         assert isinstance(response.stream, httpx.AsyncByteStream)
         return httpx.Response(response.status_code, headers=response.headers,
                               stream=_Tee(response.stream, self._streams[-1]), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def sdk(http_url: str) -> OpenAI:

@@ -7,7 +7,6 @@ is validated strictly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -17,11 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llama_suite import CONTEXT, KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
-from responses_cache_llamacpp import HandshakeError
+from responses_cache_llamacpp import HandshakeError, LlamaCppBackend
 
+from benchmarks.suite.llamaproc import Build, LlamaServer
 from responses_cache import Route, StaticRouter, create_app, get_renderer
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
+from responses_cache.testing import start_once
 from tests.tokens._strategies import examples, instructions, items_
 from tests.websocket.wsclient import check_event
 
@@ -224,11 +225,11 @@ def test_a_client_leaving_mid_answer_frees_the_slot(
 
 def test_the_tokenizer_handshake_passes_and_another_familys_refuses(llama_servers: dict[str, Family]) -> None:
     for family in llama_servers.values():
-        asyncio.run(family.backend(template=family.renderer).start())
+        start_once(family.backend(template=family.renderer))
         other = next((f for f in llama_servers.values() if f is not family), None)
         if other is not None:
             with pytest.raises(HandshakeError, match="tokenizes differently"):
-                asyncio.run(family.backend(template=other.renderer).start())
+                start_once(family.backend(template=other.renderer))
 
 
 #: Tool sets as agents send them (functions with descriptions and schemas, a namespace, a custom
@@ -290,3 +291,48 @@ def test_a_server_killed_mid_stream_fails_the_response_and_the_next_turn_works_o
         assert again["status"] in ("completed", "incomplete"), again
         assert again["usage"]["input_tokens"] > first["usage"]["input_tokens"]
 
+
+
+def test_a_conversation_whose_server_is_gone_goes_on_on_the_next_one(
+    qwen: Family, llama_build: Build, responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    """Fail-over between two real servers: the conversation's server killed between turns, the
+    next turn goes to the other one with the whole conversation (the server's own rendering of
+    it, evaluated there from nothing), and the turn after finds it in that server's cache."""
+    spares = [LlamaServer(llama_build, qwen.gguf, alias=qwen.name, slots=2, context=CONTEXT,
+                          extra_args=["--no-prefill-assistant"]) for _ in range(2)]
+    try:
+        for spare in spares:
+            spare.launch()
+        for spare in spares:
+            spare.wait_ready()
+        recorder = Recorder()
+        backend = LlamaCppBackend([spare.url for spare in spares], model=qwen.name, transport=recorder)
+        route = Route(name="default", model=qwen.name, backend=backend, renderer=qwen.renderer)
+        server = responses_cache_server_factory(
+            create_app(backend=backend, router=StaticRouter({qwen.name: route}, default=route), api_keys=[KEY]))
+        conversation: list[dict[str, Any]] = []
+        responses: list[dict[str, Any]] = []
+        with sdk(server.http_url) as client, client.responses.connect() as conn:
+            for n, text in enumerate(["Hello there.", "Are you still there?", "And now?"]):
+                if n == 1:
+                    next(spare for spare in spares if spare.url == recorder.servers[0]).kill()
+                response = turn(conn, model=qwen.name, input=text, temperature=0, max_output_tokens=4,
+                                previous_response_id=responses[-1]["id"] if responses else None)
+                assert response["status"] in ("completed", "incomplete"), response
+                conversation += [{"role": "user", "content": text}]
+                if n == 1:
+                    # The other server got the whole conversation, as it renders it itself.
+                    expected = qwen.rendering(None, EMPTY_TOOLS, decode_input(json.dumps(conversation).encode()))
+                    assert recorder.prompts[1] == expected, (qwen.renderer.decode(recorder.prompts[1]),
+                                                             qwen.renderer.decode(expected))
+                conversation += [as_input(item) for item in response["output"]]
+                responses.append(response)
+    finally:
+        for spare in spares:
+            spare.close()
+    assert recorder.servers[1] == recorder.servers[2] != recorder.servers[0], recorder.servers
+    assert recorder.timings(1)["cache_n"] == 0  # nothing of it on that server before
+    kept = common_prefix(recorder.prompts[1], recorder.prompts[2])
+    assert recorder.timings(2)["cache_n"] >= kept > len(recorder.prompts[1]) // 2, (kept, recorder.prompts)
+    assert responses[2]["usage"]["input_tokens_details"]["cached_tokens"] >= kept

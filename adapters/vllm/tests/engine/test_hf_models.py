@@ -20,7 +20,6 @@ The engines' context is 32k tokens (Codex's first prompt is ~9k).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import pathlib
@@ -38,10 +37,11 @@ from responses_cache_vllm import EngineBackend, HandshakeError
 from benchmarks.suite import vllmproc
 from responses_cache import create_app
 from responses_cache.backends.base import GenerationRequest
+from responses_cache.backends.http import engine_transport
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet, parse_tools
-from responses_cache.testing import RecordingBackend
+from responses_cache.testing import RecordingBackend, start_once
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import engine_messages
@@ -139,11 +139,11 @@ def family(request: pytest.FixtureRequest, served: dict[str, Served]) -> Served:
 def test_the_handshake_passes_with_the_models_files_and_refuses_others(
     family: Served, served: dict[str, Served], tmp_path: pathlib.Path
 ) -> None:
-    asyncio.run(family.backend().start())
+    start_once(family.backend())
     wrong = served.get(WRONG[family.family])
     if wrong is not None:
         with pytest.raises(HandshakeError, match="tokenizes differently"):
-            asyncio.run(family.backend(wrong.template).start())
+            start_once(family.backend(wrong.template))
 
 
 def test_a_tokenizer_that_splits_numbers_differently_is_refused(served: dict[str, Served], tmp_path: pathlib.Path) -> None:
@@ -159,14 +159,15 @@ def test_a_tokenizer_that_splits_numbers_differently_is_refused(served: dict[str
     (tmp_path / "tokenizer.json").write_text(json.dumps(document), encoding="utf-8")
     (tmp_path / "tokenizer_config.json").write_bytes((family.directory / "tokenizer_config.json").read_bytes())
     with pytest.raises(HandshakeError, match="tokenizes differently"):
-        asyncio.run(family.backend(f"hf:{tmp_path}").start())
+        start_once(family.backend(f"hf:{tmp_path}"))
 
 
-class Recorder(httpx.AsyncHTTPTransport):
-    """The real transport, keeping the token ids of every prompt the adapter sends."""
+class Recorder(httpx.AsyncBaseTransport):
+    """The adapter's own transport (:func:`engine_transport`: aiohttp's pool), keeping the token
+    ids of every prompt the adapter sends."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self._inner = engine_transport()
         self.prompts: list[list[int]] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -174,7 +175,10 @@ class Recorder(httpx.AsyncHTTPTransport):
             body = json.loads(request.content)
             if "token_ids" in body:  # not the start-up probe of the route (an empty body)
                 self.prompts.append(list(body["token_ids"]))
-        return await super().handle_async_request(request)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def test_sdk_turns_send_the_engines_own_prompt_and_reuse_the_cache(

@@ -8,7 +8,6 @@ usage, prefix cache, context limit and aborts. Every frame the SDK receives is v
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -23,6 +22,7 @@ from websockets.sync.client import connect
 from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import create_app
 from responses_cache.conversation.sealing import Sealer, new_key
+from responses_cache.testing import start_once
 from tests.websocket.wsclient import check_event
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM
@@ -221,9 +221,9 @@ def test_tenants_do_not_share_the_engines_prefix_cache(
 def test_the_tokenizer_handshake_passes_and_a_wrong_template_refuses_to_start(
     engines: dict[str, VllmProcess],
 ) -> None:
-    asyncio.run(network_backend(engines["scale_out"]).start())  # harmony on o200k_harmony: the same ids
+    start_once(network_backend(engines["scale_out"]))  # harmony on o200k_harmony: the same ids
     with pytest.raises(HandshakeError, match="tokenizes differently"):
-        asyncio.run(network_backend(engines["scale_out"], template="chatml").start())
+        start_once(network_backend(engines["scale_out"], template="chatml"))
 
 
 @pytest.mark.parametrize("which", ["scale_out", "stock"], ids=["generate", "completions"])
