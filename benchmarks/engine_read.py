@@ -91,7 +91,7 @@ async def _measure(url: str, rounds: int) -> dict[str, list[float]]:
                "aiohttp": engine_client(timeout=60, connect_timeout=10)}
     figures: dict[str, list[float]] = {name: [] for name in clients}
     try:
-        for name, client in clients.items():  # warm up: connect, import, first parse
+        for client in clients.values():  # warm up: connect, import, first parse
             await _read(client, url)
         for _ in range(rounds):
             for name, client in clients.items():
