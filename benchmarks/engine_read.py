@@ -6,7 +6,7 @@ engine's tokens arrive), and this process reads it with httpx-sse, as the adapte
 two clients in alternating rounds:
 
 * ``httpcore`` — ``httpx.AsyncClient()`` with httpx's own transport (httpcore, h11, anyio);
-* ``aiohttp``  — :func:`responses_cache.backends.http.engine_client`, the adapters' client
+* ``aiohttp``  — :func:`responses_cache.engine_http.engine_client`, the adapters' client
   (httpx's interface over ``httpx-aiohttp``'s transport).
 
 It reports the reading process's CPU time (user + system) per chunk, median and spread over the
@@ -34,7 +34,7 @@ from httpx_sse import EventSource
 from benchmarks.suite.redisproc import _free_port
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.stats import p50
-from responses_cache.backends.http import engine_client
+from responses_cache.engine_http import engine_client
 from responses_cache.testing import wait_listening
 
 CHUNK = b"data: " + msgspec.json.encode(

@@ -79,6 +79,7 @@ def test_the_root_still_gives_every_public_name() -> None:
 #: The documented import paths of moved modules, and where the modules are now.
 REEXPORTS = {
     "engines": "backends.engines",
+    "engine_http": "backends.http",
     "ids": "protocol.ids",
     "logs": "observability.logs",
     "otel": "observability.otel",

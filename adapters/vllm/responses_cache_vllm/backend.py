@@ -45,7 +45,7 @@ from responses_cache import (
     ToolCallStart,
     get_renderer,
 )
-from responses_cache.backends.http import engine_client
+from responses_cache.engine_http import engine_client
 from responses_cache.engines import (
     ACCEPTED,
     JSON_CONTENT_TYPE,

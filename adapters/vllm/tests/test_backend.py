@@ -16,7 +16,7 @@ from websockets.sync.client import connect
 
 from responses_cache import create_app, get_renderer
 from responses_cache.backends import load_backend
-from responses_cache.backends.http import engine_transport
+from responses_cache.engine_http import engine_transport
 from responses_cache.testing import Behaviour, FakeSglang, FakeVllm, start_once
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]

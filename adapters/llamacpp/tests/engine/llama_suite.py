@@ -13,7 +13,7 @@ from openai import OpenAI
 from responses_cache_llamacpp import LlamaCppBackend
 
 from benchmarks.suite.llamaproc import LlamaServer
-from responses_cache.backends.http import engine_transport
+from responses_cache.engine_http import engine_transport
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.tools import ToolSet
 from responses_cache.tokens import get_renderer

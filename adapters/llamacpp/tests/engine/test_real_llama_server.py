@@ -223,6 +223,99 @@ def test_a_client_leaving_mid_answer_frees_the_slot(
     assert not qwen.server.slot_states()[slot]["is_processing"]
 
 
+def test_a_steer_stops_the_servers_task_and_the_successor_continues_from_its_cache(
+    qwen: Family, responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    """``response.steer`` against the real server: the target's task is cancelled mid-answer (its
+    slot released long before its limit), and the successor's prompt is the target's whole
+    prompt and the ids it sampled, then the steering message: the slot's cache holds all but the
+    new message, so the server evaluates only that."""
+    from websockets.sync.client import connect
+
+    # No stop token and no added token (the noise would open a tool call or a think block; Qwen3's
+    # come after its ordinary vocabulary, from <|endoftext|> on): the target would run to its
+    # limit, about a minute on one CPU thread.
+    added = range(min(qwen.renderer.sampling_stop_tokens), qwen.renderer.encoding.n_vocab)
+    recorder = Recorder()
+    server = _server(qwen, responses_cache_server_factory, recorder,
+                     extra_body={"logit_bias": [[t, False] for t in added]})
+    cancelled = qwen.server.cancelled()
+    limit = CONTEXT // 2
+    with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": qwen.name, "input": "Tell me a long story.",
+                            "temperature": 0, "max_output_tokens": limit}))
+        events: list[dict[str, Any]] = []
+
+        def until(kind: str) -> dict[str, Any]:
+            while True:
+                event = json.loads(ws.recv(timeout=60))
+                check_event(event)
+                events.append(event)
+                if event["type"] == kind:
+                    return event
+                assert event["type"] not in ("error", "response.failed"), event
+
+        target = until("response.created")["response"]["id"]
+        until("response.output_text.delta")
+        ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop. Be brief."}))
+        until("response.steer.accepted")
+        steered = until("response.incomplete")["response"]
+        assert steered["id"] == target and steered["incomplete_details"] == {"reason": "steered"}, steered
+        successor = until("response.created")["response"]
+        assert successor["previous_response_id"] == target, successor
+        until("response.output_text.delta")  # the successor's prompt is evaluated
+        slot = recorder.bodies[1]["id_slot"]
+        state = qwen.server.slot_states()[slot]  # its figures while the successor runs
+    # The target's task was cancelled with far fewer tokens than its limit; the successor's too,
+    # once the client left.
+    wait(lambda: qwen.server.cancelled() >= cancelled + 2, "the server to cancel both tasks", qwen.server)
+    first, second = recorder.prompts
+    assert len(recorder.bodies) == 2 and recorder.bodies[0]["id_slot"] == slot
+    assert steered["usage"]["output_tokens"] < limit // 2, steered["usage"]
+    # The successor continues the target's own token log: its prompt and what it sampled, as ids.
+    kept = first + recorder.sampled(0)[: steered["usage"]["output_tokens"]]
+    assert second[: len(kept)] == kept, (qwen.renderer.decode(second), qwen.renderer.decode(kept))
+    tail = qwen.renderer.decode(second[len(kept):])
+    assert "Stop. Be brief." in tail and "Tell me a long story." not in tail, tail
+    # The slot's cache held all of it: the server evaluated the steering message only.
+    assert state["is_processing"], state
+    assert state["n_prompt_tokens_cache"] >= len(kept) - 1, (state, len(kept))
+    assert state["n_prompt_tokens_processed"] <= len(second) - len(kept) + 1, (state, len(second), len(kept))
+
+
+def test_a_named_tool_choice_is_answered_with_that_call_and_its_output_continues_the_conversation(
+    qwen: Family, responses_cache_server_factory: Callable[..., Any]
+) -> None:
+    """``tool_choice`` naming a function against the real server: the prompt is the server's own
+    rendering with the call opened in the template's format, the server continues it, and the
+    client gets that function's call; the next turn, with the call's output, is again the
+    server's own rendering of the whole conversation."""
+    # The random model's noise is no JSON: llama-server's own JSON-schema constraint makes it
+    # write arguments (a device of this test; a real model writes them itself).
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    recorder = Recorder()
+    server = _server(qwen, responses_cache_server_factory, recorder, extra_body={"json_schema": schema})
+    tools = parse_tools(json.dumps(WEATHER).encode())
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with sdk(server.http_url) as client, client.responses.connect() as conn:
+        called = turn(conn, model=qwen.name, input=conversation, tools=WEATHER, temperature=0, max_output_tokens=64,
+                      tool_choice={"type": "function", "name": "get_weather"})
+        assert called["status"] == "completed", called
+        [call] = called["output"]
+        assert call["type"] == "function_call" and call["name"] == "get_weather", call
+        assert set(json.loads(call["arguments"])) == {"city"}, call
+        opened = qwen.rendering(None, tools, decode_input(json.dumps(conversation).encode()))
+        assert recorder.prompts[0][: len(opened)] == opened
+        assert qwen.renderer.decode(recorder.prompts[0][len(opened):]) == '<tool_call>\n{"name": "get_weather", "arguments": '
+        conversation += [as_input(call), {"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}]
+        answered = turn(conn, model=qwen.name, input=conversation[2:], tools=WEATHER, temperature=0,
+                        max_output_tokens=4, previous_response_id=called["id"], tool_choice="none")
+        assert answered["status"] in ("completed", "incomplete"), answered
+    expected = qwen.rendering(None, tools, decode_input(json.dumps(conversation).encode()))
+    assert recorder.prompts[1] == expected, (qwen.renderer.decode(recorder.prompts[1]), qwen.renderer.decode(expected))
+
+
 def test_the_tokenizer_handshake_passes_and_another_familys_refuses(llama_servers: dict[str, Family]) -> None:
     for family in llama_servers.values():
         start_once(family.backend(template=family.renderer))

@@ -37,7 +37,7 @@ from responses_cache_vllm import EngineBackend, HandshakeError
 from benchmarks.suite import vllmproc
 from responses_cache import create_app
 from responses_cache.backends.base import GenerationRequest
-from responses_cache.backends.http import engine_transport
+from responses_cache.engine_http import engine_transport
 from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet, parse_tools
