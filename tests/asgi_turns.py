@@ -19,14 +19,18 @@ def asgi_client(app: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1")
 
 
-async def until(predicate: Callable[[], bool]) -> None:
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Let the event loop run until ``predicate()`` holds (what the app finishes after its
-    answer, in this loop: a charge settled, a record written); fails after 10,000 passes."""
-    for _ in range(10_000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
+    answer: a charge settled, a record written); fails after ``timeout`` seconds (a deadline,
+    not a measurement: work that waits on a real Redis takes round trips, not loop passes, and a
+    loaded machine makes those slow)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    passes = 0
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the condition never held (waited {timeout:g} s)")
+        passes += 1
+        await asyncio.sleep(0 if passes < 1000 else 0.001)  # then stop spinning
 
 
 async def post(app: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:

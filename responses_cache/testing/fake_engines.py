@@ -98,6 +98,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..tokens import common_prefix_length
+
 #: Documented request fields (the adapters must send nothing else: the engines drop unknown
 #: fields without a word). vLLM ``/inference/v1/generate`` (``GenerateRequest``).
 VLLM_GENERATE_FIELDS = frozenset(
@@ -840,7 +842,7 @@ class FakeCerebras(FakeEngine):
         reply = self.chat_script[min(self._chats, len(self.chat_script) - 1)]
         self._chats += 1
         serial = json.dumps(body.get("messages"), separators=(",", ":"))
-        cached = max((_common_prefix(serial, other) for other in self._chat_prompts), default=0)
+        cached = max((common_prefix_length(serial, other) for other in self._chat_prompts), default=0)
         self._chat_prompts.append(serial)
         prompt_tokens = len(self.encoding.encode(serial))
         cached_tokens = min(len(self.encoding.encode(serial[:cached])), prompt_tokens) // self.block_size * self.block_size
@@ -874,15 +876,6 @@ class FakeCerebras(FakeEngine):
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(self._stream(frames()), media_type="text/event-stream", headers=self.rate_limits.headers())
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 __all__ = [

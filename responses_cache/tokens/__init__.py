@@ -11,7 +11,7 @@ Usage (see ``docs/tokenization.md``)::
     log = r.extend(log, output_items, sampled=sampled_ids)   # keep what the model produced
 """
 
-from .base import BaseRenderer, Renderer, RenderStats
+from .base import BaseRenderer, Renderer, RenderStats, common_prefix_length
 from .chatml import ChatMLRenderer
 from .errors import RenderError, UnknownCallError, UnsupportedContentError, VocabularyError
 from .factory import get_renderer
@@ -33,6 +33,7 @@ __all__ = [
     "UnknownCallError",
     "UnsupportedContentError",
     "VocabularyError",
+    "common_prefix_length",
     "get_renderer",
     "load_encoding",
 ]

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import tiktoken
 
@@ -56,6 +56,8 @@ from .log import (
     relayout,
 )
 from .parsing import OutputParser
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -211,6 +213,19 @@ def is_assistant_output(item: Item) -> bool:
 
 
 _max_token_bytes: dict[str, int] = {}
+
+
+def common_prefix_length(a: Sequence[T], b: Sequence[T]) -> int:
+    """The length of the longest common prefix of two strings or two id lists (by bisection: each
+    step one slice comparison in C, not a Python loop over the elements)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def max_token_bytes(encoding: tiktoken.Encoding) -> int:

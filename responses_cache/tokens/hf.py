@@ -100,7 +100,7 @@ from ..protocol.items import (
     Message,
 )
 from ..protocol.tools import ToolSet, parse_tools
-from .base import RenderStats, is_assistant_output
+from .base import RenderStats, common_prefix_length, is_assistant_output
 from .errors import RenderError
 from .hf_files import ModelFiles, compile_template, load_model_files
 from .hf_messages import chat_messages, chat_tools, parse_arguments, qualified, template_view
@@ -149,19 +149,6 @@ def _starts_group(item: Item | None, before: object) -> bool:
     return isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and not isinstance(
         previous, (FunctionCallOutput, CustomToolCallOutput)
     )
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix of ``a`` and ``b`` (by bisection: each step one
-    comparison in C)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if b.startswith(a[:mid]):
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 def _kind(item: Item | None) -> str:
@@ -787,7 +774,7 @@ class HFRenderer:
         """After a rewrite: the last turn start (an index into ``chain``) whose earlier text the
         new text still begins with, and the tokens of the new text from there; None if none."""
         old = "".join(p.text for p in pieces)
-        low = _common_prefix(old, text)
+        low = common_prefix_length(old, text)
         offset = sum(len(p.text) for p in pieces)
         for k in range(len(chain) - 1, 0, -1):
             offset -= len(pieces[k].text)
@@ -1029,7 +1016,7 @@ class HFRenderer:
         before, after = text.before, text.after
         if not text.prompt.startswith(after):
             return None
-        common = _common_prefix(before, after)
+        common = common_prefix_length(before, after)
         suffix = 0
         newest_first: list[Node] = []
         for node in reversed(window.tail):

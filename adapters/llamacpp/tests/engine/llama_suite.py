@@ -156,7 +156,3 @@ def wait(condition: Callable[[], bool], what: str, server: LlamaServer, timeout:
 def as_input(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the client sends it back (the SDK's ``model_dump``)."""
     return {k: v for k, v in item.items() if v is not None}
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llama_suite import CONTEXT, KEY, Family, Recorder, as_input, common_prefix, sdk, turn, wait
+from llama_suite import CONTEXT, KEY, Family, Recorder, as_input, sdk, turn, wait
 from responses_cache_llamacpp import HandshakeError, LlamaCppBackend
 
 from benchmarks.suite.llamaproc import Build, LlamaServer
@@ -23,6 +23,7 @@ from responses_cache import Route, StaticRouter, create_app, get_renderer
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from responses_cache.testing import start_once
+from responses_cache.tokens import common_prefix_length
 from tests.tokens._strategies import examples, instructions, items_
 from tests.websocket.wsclient import check_event
 
@@ -105,7 +106,7 @@ def test_an_sdk_tool_loop_sends_the_servers_own_rendering_and_hits_its_prefix_ca
         # From turn 2 the slot's prompt cache served the whole previous prompt, or up to what the
         # template rewrote (Qwen's drops the reasoning before a new user message; a tool step
         # rewrites nothing), and more of the answer where its rendering equals the sampled ids.
-        kept = common_prefix(recorder.prompts[n - 1], recorder.prompts[n])
+        kept = common_prefix_length(recorder.prompts[n - 1], recorder.prompts[n])
         assert engine_cached[n] >= kept > 0, (n, inputs, engine_cached, kept)
         if n < 3:
             assert kept == inputs[n - 1], (n, inputs, kept)
@@ -165,7 +166,7 @@ def test_with_history_keep_the_server_evaluates_only_the_new_turn_as_for_token_i
     assert any(renderer.encode_text(renderer.decode(ids)) != ids for ids in sampled[:-1]), sampled
     for n in range(1, turns):
         before = prompts[n - 1] + sampled[n - 1]
-        assert prompts[n][: len(before)] == before, (n, common_prefix(prompts[n], before), len(before))
+        assert prompts[n][: len(before)] == before, (n, common_prefix_length(prompts[n], before), len(before))
         timings = recorder.timings(n)
         assert timings["cache_n"] == len(before) - 1, (n, timings, len(before))
         assert timings["prompt_n"] == len(prompts[n]) - len(before) + 1, (n, timings, len(prompts[n]), len(before))
@@ -426,6 +427,6 @@ def test_a_conversation_whose_server_is_gone_goes_on_on_the_next_one(
             spare.close()
     assert recorder.servers[1] == recorder.servers[2] != recorder.servers[0], recorder.servers
     assert recorder.timings(1)["cache_n"] == 0  # nothing of it on that server before
-    kept = common_prefix(recorder.prompts[1], recorder.prompts[2])
+    kept = common_prefix_length(recorder.prompts[1], recorder.prompts[2])
     assert recorder.timings(2)["cache_n"] >= kept > len(recorder.prompts[1]) // 2, (kept, recorder.prompts)
     assert responses[2]["usage"]["input_tokens_details"]["cached_tokens"] >= kept

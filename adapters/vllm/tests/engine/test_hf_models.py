@@ -42,7 +42,7 @@ from responses_cache.protocol.items import Item
 from responses_cache.protocol.request import decode_input
 from responses_cache.protocol.tools import EMPTY_TOOLS, ToolSet, parse_tools
 from responses_cache.testing import RecordingBackend, start_once
-from responses_cache.tokens import get_renderer
+from responses_cache.tokens import common_prefix_length, get_renderer
 from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import engine_messages
 from tests.codex_cli import codex_binary, codex_exec
@@ -231,7 +231,7 @@ def test_sdk_turns_send_the_engines_own_prompt_and_reuse_the_cache(
         # answer, or up to what the template changed (Qwen's drops the reasoning before a new user
         # message; Llama's renders an answer followed by a call as one message). The engine's
         # prefix cache served the same (its own hit counter, per 32-token block).
-        kept = _common_prefix(recorder.prompts[n - 1], recorder.prompts[n])
+        kept = common_prefix_length(recorder.prompts[n - 1], recorder.prompts[n])
         assert cached[n - 1] < cached[n] < inputs[n] and cached[n] >= kept, (n, inputs, cached, kept)
         assert hits[n] >= (cached[n] // 32 - 1) * 32, (n, cached, hits)
 
@@ -289,10 +289,6 @@ def test_codex_prompts_equal_the_engines_own(
     else:
         assert done.returncode == 0 and "hello-from-codex" in done.stdout, done.stderr[-3000:]
         assert len(backend.requests) >= 2, backend.requests  # the call, then the answer
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _as_input(item: dict[str, Any]) -> dict[str, Any]:
