@@ -2,12 +2,12 @@
 
 An engine streams one small server-sent event per output token, and a fast engine's tokens each
 arrive alone, so the client's cost per read is paid once per token. httpx's own transport
-(httpcore over h11 and anyio, pure Python, a cancel scope and a timer per read) spends about
-100 µs of CPU more per streamed chunk than aiohttp's, whose HTTP parser is compiled; measured on
-one machine, reading paced chunks with httpx-sse on top: ~140 µs a chunk through httpcore, ~75
-through aiohttp. :func:`engine_client` keeps httpx's interface (the adapters, their tests' ASGI
-transports and httpx-sse are written against it) and puts ``httpx-aiohttp``'s transport, from
-httpx's maintainers, under it.
+(httpcore over h11 and anyio, pure Python, a cancel scope and a timer per read) spends about twice
+the CPU per streamed chunk of aiohttp's, whose HTTP parser is compiled (``python
+benchmarks/engine_read.py``: 94 µs against 45 on a 2-core VM, httpx-sse on top of both).
+:func:`engine_client` keeps httpx's interface (the adapters, their tests' ASGI transports and
+httpx-sse are written against it) and puts ``httpx-aiohttp``'s transport, from httpx's
+maintainers, under it.
 
 httpx's timeouts carry over: ``connect`` bounds opening a connection, ``read`` the wait for each
 read, ``pool`` the wait for a free connection. Proxies from the environment (``HTTP_PROXY``…)
