@@ -80,11 +80,11 @@ from httpx_sse import connect_sse
 from benchmarks.suite import vllmproc
 from benchmarks.suite.clients import SocketHTTPClient, TurnTiming, WSClient, http_body, ws_frame
 from benchmarks.suite.footprint import cpu_seconds
-from benchmarks.suite.redisproc import _free_port
 from benchmarks.suite.server import started, stop_process
 from benchmarks.suite.stats import p50, percentile, ratio
 from responses_cache.protocol.items import InputText, Message, OutputText
 from responses_cache.protocol.tools import EMPTY_TOOLS
+from responses_cache.testing import free_port
 from responses_cache.tokens import get_renderer
 from responses_cache.tokens.base import Renderer
 
@@ -261,7 +261,7 @@ def network_server(engine: vllmproc.VllmProcess, served: str, template: str) -> 
     keys = ", ".join(f'"{key}"' for key in NETWORK_KEYS.values())
     config.write_text(f'backend = "vllm"\nrenderer = "{template}"\napi_keys = [{keys}]\n[backend_options]\n'
                       f'base_urls = ["{engine.url}"]\nmodel = "{served}"\ntemplate = "{template}"\n')
-    port = _free_port()
+    port = free_port()
     binary = Path(sys.executable).parent / "responses-cache"
     proc = subprocess.Popen([str(binary), "serve", "--config", str(config), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

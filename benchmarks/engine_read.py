@@ -31,11 +31,10 @@ import httpx
 import msgspec
 from httpx_sse import EventSource
 
-from benchmarks.suite.redisproc import _free_port
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.stats import p50
 from responses_cache.engine_http import engine_client
-from responses_cache.testing import wait_listening
+from responses_cache.testing import free_port, wait_listening
 
 CHUNK = b"data: " + msgspec.json.encode(
     {"request_id": "gen-1", "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "token_ids": [12345]}]}
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_server:
         asyncio.run(_serve(args.child_server, args.chunks, args.interval))
         return 0
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen([sys.executable, __file__, "--child-server", str(port),
                               "--chunks", str(args.chunks), "--interval", str(args.interval)])
     try:

@@ -52,9 +52,9 @@ import httpx
 import msgspec
 import websockets
 
-from benchmarks.suite.redisproc import _free_port
 from benchmarks.suite.server import stop_process
 from benchmarks.suite.stats import p50, percentile
+from responses_cache.testing import free_port
 
 MODEL = "fake-model"
 MODES = ("direct", "ws", "sse")
@@ -287,7 +287,7 @@ def measure(
 ) -> dict[str, Any]:
     from responses_cache.tokens import get_renderer
 
-    engine_port, server_port = _free_port(), _free_port()
+    engine_port, server_port = free_port(), free_port()
     workdir = Path(tempfile.mkdtemp())
     config = workdir / "serve.toml"
     config.write_text(f'backend = "vllm"\nrenderer = "{spec}"\n[backend_options]\n'

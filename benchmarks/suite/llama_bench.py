@@ -49,11 +49,10 @@ from typing import Any
 
 import httpx
 
-from responses_cache.testing import wait_listening
+from responses_cache.testing import free_port, wait_listening
 
 from . import llamaproc, vllmproc
 from .footprint import cpu_seconds
-from .redisproc import _free_port
 
 _ROOT = Path(__file__).resolve().parents[2]
 _WORDS = ("plan", "check", "file", "test", "build", "merge", "review", "deploy", "cache", "token", "slot",
@@ -246,7 +245,7 @@ _FRONT = textwrap.dedent("""
 
 
 def _front(server: llamaproc.LlamaServer, gguf: Path, history: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     path = [str(_ROOT), str(_ROOT / "adapters" / "llamacpp"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.Popen([sys.executable, "-c", _FRONT, server.url, str(gguf), str(port), history], env=env)

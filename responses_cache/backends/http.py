@@ -24,14 +24,15 @@ __all__ = ["engine_client", "engine_transport"]
 
 
 def engine_transport(limits: httpx.Limits | None = None) -> httpx.AsyncBaseTransport:
-    """aiohttp's connection pool as an httpx transport (``limits``: httpx's default pool). Imported
-    here, not with the module: an engine in the same process (vLLM's own API server running the
-    middleware) takes an ``httpx.ASGITransport`` and needs no aiohttp."""
+    """aiohttp's connection pool as an httpx transport (``limits``: by default httpx's own, 100
+    connections, 20 kept alive). Imported here, not with the module: an engine in the same
+    process (vLLM's own API server running the middleware) takes an ``httpx.ASGITransport``
+    and needs no aiohttp."""
     try:
         from httpx_aiohttp import AiohttpTransport
     except ImportError as exc:  # pragma: no cover - depends on how the adapter was installed
         raise ImportError("an engine adapter's HTTP client needs httpx-aiohttp (pip install httpx-aiohttp)") from exc
-    return AiohttpTransport(limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20))
+    return AiohttpTransport() if limits is None else AiohttpTransport(limits=limits)
 
 
 def engine_client(
