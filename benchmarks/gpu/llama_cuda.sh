@@ -25,7 +25,10 @@ device="$here/.device"
 wheels=(starlette==1.10.0 msgspec==0.23.0 cachetools==8.0.2 uvicorn==0.55.0 httptools==0.9.0
         websockets==15.0.1 httpx-sse==0.4.3 gguf==0.19.0 openai==3.60.0 openai-harmony==0.0.8
         pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 redis==8.2.0)
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 redis==8.2.0
+        # the adapters' HTTP client (responses_cache.engine_http): httpx-aiohttp and aiohttp's own
+        httpx-aiohttp==0.2.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0
+        frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.20)
 
 prepare() {
     python=${PYTHON:-python3}
