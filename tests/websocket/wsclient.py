@@ -210,6 +210,23 @@ def function_tool(name: str = "run") -> dict[str, Any]:
     }
 
 
+def recv_until(ws: Any, kind: str, timeout: float = 60) -> dict[str, Any]:
+    """The next event of type ``kind`` on a ``websockets.sync`` connection, every event up to it
+    validated strictly. An ``error`` or ``response.failed`` before it fails the test, and so do
+    ``timeout`` seconds without a frame (naming the last types received)."""
+    seen: list[str] = []
+    while True:
+        try:
+            event = json.loads(ws.recv(timeout=timeout))
+        except TimeoutError:
+            raise AssertionError(f"no {kind} within {timeout:g} s; received: {seen[-12:]}") from None
+        check_event(event)
+        if event["type"] == kind:
+            return dict(event)
+        assert event["type"] not in ("error", "response.failed"), event
+        seen.append(event["type"])
+
+
 def completed_turn(ws: Any, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
     """One ``response.create`` on a ``websockets.sync`` connection: the response of its
     ``response.completed`` (anything else ending the turn fails the test)."""

@@ -25,7 +25,7 @@ from responses_cache.protocol.tools import EMPTY_TOOLS, parse_tools
 from responses_cache.testing import start_once
 from responses_cache.tokens import common_prefix_length
 from tests.tokens._strategies import examples, instructions, items_
-from tests.websocket.wsclient import check_event
+from tests.websocket.wsclient import check_event, recv_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one builds llama-server (minutes)
 
@@ -245,26 +245,15 @@ def test_a_steer_stops_the_servers_task_and_the_successor_continues_from_its_cac
     with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
         ws.send(json.dumps({"type": "response.create", "model": qwen.name, "input": "Tell me a long story.",
                             "temperature": 0, "max_output_tokens": limit}))
-        events: list[dict[str, Any]] = []
-
-        def until(kind: str) -> dict[str, Any]:
-            while True:
-                event = json.loads(ws.recv(timeout=60))
-                check_event(event)
-                events.append(event)
-                if event["type"] == kind:
-                    return event
-                assert event["type"] not in ("error", "response.failed"), event
-
-        target = until("response.created")["response"]["id"]
-        until("response.output_text.delta")
+        target = recv_until(ws, "response.created")["response"]["id"]
+        recv_until(ws, "response.output_text.delta")
         ws.send(json.dumps({"type": "response.steer", "previous_response_id": target, "input": "Stop. Be brief."}))
-        until("response.steer.accepted")
-        steered = until("response.incomplete")["response"]
+        recv_until(ws, "response.steer.accepted")
+        steered = recv_until(ws, "response.incomplete")["response"]
         assert steered["id"] == target and steered["incomplete_details"] == {"reason": "steered"}, steered
-        successor = until("response.created")["response"]
+        successor = recv_until(ws, "response.created")["response"]
         assert successor["previous_response_id"] == target, successor
-        until("response.output_text.delta")  # the successor's prompt is evaluated
+        recv_until(ws, "response.output_text.delta")  # the successor's prompt is evaluated
         slot = recorder.bodies[1]["id_slot"]
         state = qwen.server.slot_states()[slot]  # its figures while the successor runs
     # The target's task was cancelled with far fewer tokens than its limit; the successor's too,

@@ -23,7 +23,7 @@ from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import create_app
 from responses_cache.conversation.sealing import Sealer, new_key
 from responses_cache.testing import start_once
-from tests.websocket.wsclient import check_event
+from tests.websocket.wsclient import check_event, recv_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM
 
@@ -127,35 +127,22 @@ def test_steering_aborts_the_engine_request_and_the_successor_continues_it(targe
     # So the engine is paused (its scheduler stopped, requests kept) while the client creates
     # the target and steers it: the target is accepted and waits, and once resumed the engine
     # prefills it and starts sampling, and the server stops it at its first event.
-    events: list[dict[str, Any]] = []
-
-    def until(kind: str) -> dict[str, Any]:
-        while True:
-            try:
-                event = json.loads(ws.recv(timeout=60))
-            except TimeoutError:
-                pytest.fail(f"no {kind} within 60 s; received: {[e['type'] for e in events][-12:]}")
-            check_event(event)
-            events.append(event)
-            if event["type"] == kind:
-                return event
-
     with connect(target.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}, close_timeout=1) as ws:
         before = target.engine.counters()
         target.engine.pause()
         try:
             # Greedy: the target runs until it is steered.
             ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": OPENING, **ENDLESS}))
-            target_id = until("response.created")["response"]["id"]
+            target_id = recv_until(ws, "response.created")["response"]["id"]
             assert target.engine.received(target_id), target.engine.tail(12)
             steer = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Stop. Be brief."}]}]
             ws.send(json.dumps({"type": "response.steer", "previous_response_id": target_id, "input": steer}))
-            until("response.steer.accepted")
+            recv_until(ws, "response.steer.accepted")
         finally:
             target.engine.resume()
-        steered = until("response.incomplete")["response"]
-        successor = until("response.created")["response"]
-        until("response.output_text.delta")  # the successor's prompt is prefilled
+        steered = recv_until(ws, "response.incomplete")["response"]
+        successor = recv_until(ws, "response.created")["response"]
+        recv_until(ws, "response.output_text.delta")  # the successor's prompt is prefilled
         # The engine's counters follow its steps: wait for the successor's prefill to show.
         expected = (steered["usage"]["input_tokens"] // 32 - 1) * 32
         _wait(lambda: (target.engine.counters() - before).prefix_hits >= expected, "the successor's cache hits",
