@@ -7,7 +7,10 @@ Timing model (all rates configurable; ``instant=True`` makes every delay zero):
   2M tokens by default): the leading whole blocks it has seen before count as cached, whoever sent
   them, as in vLLM's automatic prefix caching, within one ``cache_salt`` (the pipeline gives each
   tenant its own by default).
-* **decode** — output streams at ``output_tokens_per_s``, one delta per output token.
+* **decode** — output streams at ``output_tokens_per_s``, one delta per output token as it comes
+  due; tokens already due when the server comes back for more (an engine faster than the server
+  takes its tokens) come as one delta, as the adapters' read of a real engine hands them over.
+  ``instant=True``: one delta per token, with no clock.
 
 Default policy, enough to drive a real agent client end to end:
 
@@ -75,6 +78,7 @@ from .base import (
     ToolCallDelta,
     ToolCallStart,
 )
+from .engines import BATCH_LIMIT
 
 _BACKTICKS = re.compile(r"`([^`\n]+)`")
 _FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -149,13 +153,8 @@ class SimulatedEngine:
             assert request.prompt is not None
             started = False
             utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            decode_start = self._clock()
-            for i, token in enumerate(ids):
-                if not cfg.instant:
-                    delay = decode_start + (i + 1) / cfg.output_tokens_per_s - self._clock()
-                    if delay > 0.001:
-                        await asyncio.sleep(delay)
-                for event in parser.feed(utf8.decode(request.prompt.renderer.encoding.decode_bytes([token]))):
+            async for due in self._decode(len(ids)):
+                for event in parser.feed(utf8.decode(request.prompt.renderer.encoding.decode_bytes(ids[due]))):
                     started = started or isinstance(event, ToolCallStart)
                     yield event
             for event in parser.close():
@@ -169,13 +168,8 @@ class SimulatedEngine:
             yield ToolCallStart(name=plan.custom, custom=True)
         elif plan.call is not None:
             yield ToolCallStart(name=plan.call.name, namespace=plan.namespace)
-        decode_start = self._clock()
-        for i, piece in enumerate(pieces):
-            if not cfg.instant:
-                due = decode_start + (i + 1) / cfg.output_tokens_per_s
-                delay = due - self._clock()
-                if delay > 0.001:
-                    await asyncio.sleep(delay)
+        async for due in self._decode(len(pieces)):
+            piece = "".join(pieces[due])
             yield ToolCallDelta(piece) if calls else TextDelta(piece)
         yield Finish(
             reason="tool_calls" if calls else "stop",
@@ -183,6 +177,30 @@ class SimulatedEngine:
         )
 
     # -- internals -------------------------------------------------------------------------------
+
+    async def _decode(self, n: int) -> AsyncGenerator[slice, None]:
+        """The ``n`` output tokens' positions, in the groups the server takes them in.
+
+        Token ``i`` is due ``(i + 1) / output_tokens_per_s`` after decoding starts; the engine
+        waits for each group's first token, then hands over with it every later token already due
+        (at most :data:`~responses_cache.backends.engines.BATCH_LIMIT`), as the adapters' read of a
+        real engine's stream does (:func:`~responses_cache.backends.engines.batched`): an engine
+        faster than the server takes its tokens sends what queued up as one delta. An instant
+        engine has no clock: one token per group."""
+        cfg, clock = self.config, self._clock
+        start, rate = clock(), cfg.output_tokens_per_s
+        i = 0
+        while i < n:
+            end = i + 1
+            if not cfg.instant:
+                delay = start + end / rate - clock()
+                if delay > 0.001:
+                    await asyncio.sleep(delay)
+                now = clock()
+                while end < n and end - i < BATCH_LIMIT and start + (end + 1) / rate <= now:
+                    end += 1
+            yield slice(i, end)
+            i = end
 
     def _prefill_accounting(self, request: GenerationRequest) -> tuple[int, int]:
         """(prompt tokens, tokens found in the prefix cache). An instant engine skips the lookup.

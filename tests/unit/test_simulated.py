@@ -113,3 +113,45 @@ async def test_engine_counts_cached_prefix_of_a_continuation() -> None:
         _ = [e async for e in engine.generate(request)]
     prompt_len = len(renderer.prompt(longer))
     assert engine.prefilled_tokens == len(renderer.prompt(log)) + prompt_len - (log.num_tokens // 16 * 16)
+
+
+async def _deltas(config: SimulatedConfig, lag: int, tokens: list[str] | None = None) -> list[str]:
+    """The engine's text deltas, read by a server that comes back for more when ``lag`` tokens
+    past the ones it has taken are due (the engine's clock is the test's: ``tokens`` are the
+    answer's tokens, one per delta of an instant engine, to count what was taken)."""
+    now = [0.0]
+    engine = SimulatedEngine(config, clock=lambda: now[0])
+    request = GenerationRequest("resp_1", "sim-1", None, parse_tools(b"[]"), EMPTY.extend([Message(role="user", content="hi")]), None, "a")
+    deltas: list[str] = []
+    async for event in engine.generate(request):
+        if isinstance(event, TextDelta):
+            deltas.append(event.text)
+            if tokens is not None:
+                taken, text = 0, "".join(deltas)
+                while len("".join(tokens[:taken])) < len(text):
+                    taken += 1
+                now[0] = (taken + 1 + lag) / config.output_tokens_per_s
+    return deltas
+
+
+async def test_tokens_already_due_when_the_server_comes_back_are_one_delta() -> None:
+    """As the adapters' read of a real engine merges what arrived together: a server that keeps
+    up gets a delta per token, one that comes back late gets the tokens due meanwhile in one, and
+    an instant engine (no clock) one per token."""
+    rate = 8192.0  # a token every 122 µs: the engine never sleeps, and 1/rate is exact
+    config = SimulatedConfig(prefill_tokens_per_s=1e12, output_tokens_per_s=rate, answer_tokens=40)
+    tokens = await _deltas(SimulatedConfig(instant=True, answer_tokens=40), 0)
+    assert len(tokens) > 20
+    assert await _deltas(config, 0, tokens) == tokens
+    late = await _deltas(config, 2, tokens)
+    assert late == ["".join(tokens[0:1])] + ["".join(tokens[i : i + 3]) for i in range(1, len(tokens), 3)]
+
+
+async def test_a_burst_is_handed_over_in_batches_of_the_adapters_limit() -> None:
+    from responses_cache.backends.engines import BATCH_LIMIT
+
+    tokens = await _deltas(SimulatedConfig(instant=True, answer_tokens=2 * BATCH_LIMIT), 0)
+    assert BATCH_LIMIT + 1 < len(tokens) < 2 * BATCH_LIMIT + 1
+    config = SimulatedConfig(prefill_tokens_per_s=1e12, output_tokens_per_s=8192.0, answer_tokens=2 * BATCH_LIMIT)
+    burst = await _deltas(config, 10**9, tokens)
+    assert burst == ["".join(tokens[:1]), "".join(tokens[1 : 1 + BATCH_LIMIT]), "".join(tokens[1 + BATCH_LIMIT :])]
