@@ -16,7 +16,8 @@ each running its own conversations:
 * ``ws-network``    — ``responses-cache serve`` in front of the engine, WebSocket mode, the new
   message and ``previous_response_id``;
 * ``http-network``  — the same server over HTTP (SSE), ``previous_response_id`` from its store;
-* ``ws-in-process`` — the middleware inside vLLM, WebSocket mode.
+* ``ws-in-process`` — the middleware inside vLLM, WebSocket mode (generating through vLLM's
+  engine client; ``--in-process-endpoint generate`` through vLLM's route, in-process).
 
 (The middleware serves WebSocket only here: its HTTP ``POST`` would take over vLLM's own
 ``/v1/responses``, which ``vllm`` and ``vllm-store`` measure.)
@@ -418,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=100, help="tokens of each turn's new user message")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument("--in-process-endpoint", default="auto", choices=("auto", "generate", "completions"),
+                        help="how the middleware generates (RESPONSES_CACHE_ENDPOINT): auto, vLLM's engine client; "
+                             "generate or completions, that HTTP route in-process")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the engine and the server too
     sizes = [int(h) for h in args.history.split(",")]
@@ -426,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     python = vllmproc.provision()
     fam = family(python, args.family)
     engine = vllmproc.VllmProcess(python, fam.model, served_name=fam.served, max_model_len=CONTEXT,
-                                  middleware={"RESPONSES_CACHE_MODEL": fam.served, "RESPONSES_CACHE_TEMPLATE": fam.template},
+                                  middleware={"RESPONSES_CACHE_MODEL": fam.served, "RESPONSES_CACHE_TEMPLATE": fam.template,
+                                              "RESPONSES_CACHE_ENDPOINT": args.in_process_endpoint},
                                   extra_args=fam.vllm_args)
     engine.env.update({"VLLM_ENABLE_RESPONSES_API_STORE": "1", **fam.env})
     results: list[dict[str, Any]] = []

@@ -332,12 +332,15 @@ class VllmProcess:
 
     def aborted(self, request_id: str) -> bool:
         """Whether the engine logged the abort of a request whose id contains ``request_id`` (the
-        adapters send the response id; vLLM logs ``Request <prefix>-<id> aborted.``)."""
-        return any(request_id in line and "aborted" in line for line in self.log.read_text(errors="replace").splitlines())
+        adapters send the response id; vLLM logs ``Request <prefix>-<id> aborted.``, and
+        ``Aborted request(s) <id>`` for an abort through its engine client)."""
+        return any(request_id in line and "aborted" in line.lower()
+                   for line in self.log.read_text(errors="replace").splitlines())
 
     def received(self, request_id: str) -> bool:
-        """Whether the engine logged receiving a request whose id contains ``request_id``."""
-        return any(request_id in line and "Received request" in line
+        """Whether the engine logged receiving a request whose id contains ``request_id`` (vLLM's
+        routes log ``Received request``, its engine client ``Added request``)."""
+        return any(request_id in line and ("Received request" in line or "Added request" in line)
                    for line in self.log.read_text(errors="replace").splitlines())
 
     def tail(self, lines: int = 40) -> str:

@@ -63,7 +63,7 @@ from responses_cache.engines import (
     without_marker,
 )
 
-from .dialects import DIALECTS, PREFERENCE, Dialect, Params
+from .dialects import DIALECTS, PREFERENCE, Dialect, Params, Step
 from .placement import Replicas, data_parallel_rank
 
 logger = logging.getLogger("responses_cache.vllm")
@@ -93,7 +93,7 @@ class HandshakeError(RuntimeError):
 
 
 @dataclass(slots=True)
-class _Outcome:
+class Generation:
     """One generation: what every try on a replica shares, and what the engine reported."""
 
     request: GenerationRequest
@@ -109,6 +109,63 @@ class _Outcome:
     output_tokens: int | None = None
     sampled: list[int] | None = None
     truncated: bool = False
+
+
+class Decoding:
+    """One try's read of the engine's steps: sampled ids decoded here (or the engine's text),
+    parsed into events, the tool-call rules of ``tool_choice`` applied as they come."""
+
+    def __init__(self, outcome: Generation) -> None:
+        self.outcome = outcome
+        self.decoder = IncrementalDecoder(outcome.renderer.encoding)
+        self.mode: str | None = None  # "ids": decode sampled ids here; "text": the engine's text
+        #: Whether anything came out yet (a failure after it cannot move to another replica).
+        self.streamed = False
+
+    def feed(self, steps: Sequence[Step]) -> list[BackendEvent]:
+        """The events of steps that arrived together (decoded and parsed as one). A call the
+        request does not allow (``tool_choice: none``, a second one without
+        ``parallel_tool_calls``) sets ``outcome.truncated``: the engine is to be stopped there."""
+        outcome = self.outcome
+        ids: list[int] = []
+        texts: list[str] = []
+        for step in steps:
+            for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
+                if getattr(step, name) is not None:
+                    setattr(outcome, name, getattr(step, name))
+            if self.mode is None and (step.ids is not None or step.text is not None):
+                self.mode = "ids" if step.ids is not None else "text"
+                if self.mode == "text":
+                    outcome.sampled = None  # the engine does not report ids: render the output
+            if self.mode == "ids" and step.ids:
+                ids.extend(step.ids)
+            elif self.mode == "text" and step.text:
+                texts.append(step.text)
+            if step.finish:
+                outcome.finish, outcome.detail = step.finish, step.finish_detail
+            if step.matched_stop is not None:
+                outcome.matched_stop = step.matched_stop
+        text = "".join(texts)
+        if ids:
+            assert outcome.sampled is not None
+            outcome.sampled.extend(ids)
+            text = self.decoder.feed(ids)
+        self.streamed = self.streamed or bool(ids or texts)
+        events: list[BackendEvent] = []
+        for event in outcome.parser.feed(text):
+            if isinstance(event, ToolCallStart):
+                outcome.calls += 1
+                request = outcome.request
+                if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
+                    outcome.truncated = True  # no call, or one call only: stop the engine here
+                    break
+            self.streamed = True
+            events.append(event)
+        return events
+
+    def close(self) -> list[BackendEvent]:
+        """What the decoder and the parser still held when the engine's stream ended."""
+        return [*self.outcome.parser.feed(self.decoder.close()), *self.outcome.parser.close()]
 
 
 class EngineBackend:
@@ -390,17 +447,16 @@ class EngineBackend:
         renderer = request.prompt.renderer
         dialect = await self._ready(renderer)
         params, prefill, prefill_text = self._params(request, list(request.prompt.tokens()))
-        body = dialect.body(params)
         headers = self.routing(request)
         customs = frozenset(tool.name for tool in request.tools.customs())
-        outcome = _Outcome(request, renderer, renderer.output_parser(customs), headers, sampled=list(prefill))
+        outcome = Generation(request, renderer, renderer.output_parser(customs), headers, sampled=list(prefill))
         for event in outcome.parser.feed(prefill_text):
             outcome.calls += isinstance(event, ToolCallStart)
             yield event
         # aclosing: closing this generator closes the ones it iterates at once (the engine's HTTP
         # stream with them), not whenever the garbage collector finalizes them.
         try:
-            async with contextlib.aclosing(self._on_replicas(dialect, body, outcome)) as steps:
+            async with contextlib.aclosing(self._generation(dialect, params, outcome)) as steps:
                 async for step in steps:
                     yield step
         except _RouteDisabled as exc:
@@ -409,8 +465,7 @@ class EngineBackend:
             # The engine was restarted without the tokens-in route: nothing was streamed yet.
             self._fall_back(str(exc))
             self.dialect = dialect = DIALECTS[PREFERENCE[self.engine][1]]
-            body = dialect.body(params)
-            async with contextlib.aclosing(self._on_replicas(dialect, body, outcome)) as steps:
+            async with contextlib.aclosing(self._generation(dialect, params, outcome)) as steps:
                 async for step in steps:
                     yield step
         if outcome.truncated:
@@ -428,8 +483,16 @@ class EngineBackend:
             sampled.append(outcome.matched_stop)  # an engine that trims the stop id
         yield Finish(reason=reason, usage=self._usage(outcome, prefill), token_ids=sampled or None)  # type: ignore[arg-type]
 
+    def _generation(
+        self, dialect: Dialect, params: Params, outcome: Generation
+    ) -> AsyncGenerator[BackendEvent | Accepted, None]:
+        """The engine's events for ``params`` (an :data:`~responses_cache.engines.ACCEPTED` marker
+        first): the request in ``dialect`` on the replicas. ``outcome`` gathers what the engine
+        reports; :class:`Decoding` turns its steps into events."""
+        return self._on_replicas(dialect, dialect.body(params), outcome)
+
     async def _on_replicas(
-        self, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
+        self, dialect: Dialect, body: dict[str, Any], outcome: Generation
     ) -> AsyncGenerator[BackendEvent | Accepted, None]:
         """The request on the conversation's replica, failing over to the next ones while none
         has streamed anything."""
@@ -449,13 +512,10 @@ class EngineBackend:
         )
 
     async def _attempt(
-        self, url: str, dialect: Dialect, body: dict[str, Any], outcome: _Outcome
+        self, url: str, dialect: Dialect, body: dict[str, Any], outcome: Generation
     ) -> AsyncGenerator[BackendEvent | Accepted, None]:
         """One try on one replica. Raises :class:`EngineUnavailable` only before any output."""
-        streamed = False
-        parser = outcome.parser
-        decoder = IncrementalDecoder(outcome.renderer.encoding)
-        mode: str | None = None  # "ids": decode sampled ids here; "text": the engine's text
+        decoding = Decoding(outcome)
         try:
             content, headers = json_body(body), {**outcome.headers, **JSON_CONTENT_TYPE}
             async with self._client.stream("POST", url + dialect.path, content=content, headers=headers) as response:
@@ -472,8 +532,7 @@ class EngineBackend:
                 # What arrived together is decoded, parsed and yielded once (see ``batched``).
                 async with contextlib.aclosing(batched(EventSource(response).aiter_sse())) as batches:
                     async for batch in batches:
-                        ids: list[int] = []
-                        texts: list[str] = []
+                        steps: list[Step] = []
                         done = False
                         failure: BackendError | None = None  # raised once what came before it is out
                         for sse in batch:
@@ -481,56 +540,27 @@ class EngineBackend:
                                 done = True
                                 break
                             try:
-                                step = reader.read(json_chunk(sse.data, "the engine"))
+                                steps.append(reader.read(json_chunk(sse.data, "the engine")))
                             except BackendError as exc:
                                 failure = exc
                                 break
-                            for name in ("prompt_tokens", "cached_tokens", "output_tokens"):
-                                if getattr(step, name) is not None:
-                                    setattr(outcome, name, getattr(step, name))
-                            if mode is None and (step.ids is not None or step.text is not None):
-                                mode = "ids" if step.ids is not None else "text"
-                                if mode == "text":
-                                    outcome.sampled = None  # the engine does not report ids: render the output
-                            if mode == "ids" and step.ids:
-                                ids.extend(step.ids)
-                            elif mode == "text" and step.text:
-                                texts.append(step.text)
-                            if step.finish:
-                                outcome.finish, outcome.detail = step.finish, step.finish_detail
-                            if step.matched_stop is not None:
-                                outcome.matched_stop = step.matched_stop
-                        text = "".join(texts)
-                        if ids:
-                            assert outcome.sampled is not None
-                            outcome.sampled.extend(ids)
-                            text = decoder.feed(ids)
-                        for event in parser.feed(text):
-                            if isinstance(event, ToolCallStart):
-                                outcome.calls += 1
-                                request = outcome.request
-                                if request.tool_choice == "none" or (outcome.calls > 1 and not request.parallel_tool_calls):
-                                    outcome.truncated = True  # no call, or one call only: stop the engine here
-                                    return
-                            streamed = True
+                        for event in decoding.feed(steps):
                             yield event
-                        if ids or texts:
-                            streamed = True
+                        if outcome.truncated:
+                            return
                         if failure is not None:
                             raise failure
                         if done:
                             break
         except httpx.TransportError as exc:
-            if streamed:
+            if decoding.streamed:
                 raise BackendError(f"the connection to the engine broke mid-stream: {exc}", "server_error") from exc
             raise EngineUnavailable(BackendError(str(exc) or type(exc).__name__, "server_error")) from exc
-        for event in parser.feed(decoder.close()):
-            yield event
-        for event in parser.close():
+        for event in decoding.close():
             yield event
 
     @staticmethod
-    def _usage(outcome: _Outcome, prefill: list[int]) -> EngineUsage:
+    def _usage(outcome: Generation, prefill: list[int]) -> EngineUsage:
         output = outcome.output_tokens + len(prefill) if outcome.output_tokens is not None else None
         return EngineUsage(prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens, output_tokens=output)
 

@@ -7,9 +7,12 @@
 vLLM passes a middleware class to ``app.add_middleware(cls)`` with no arguments, so
 :class:`ResponsesCacheMiddleware` is a pure ASGI class (``__init__(self, app)``) configured from
 environment variables. It answers WebSocket connections on ``/v1/responses`` itself (keeping the
-connection's token log) and generates through vLLM's own ``POST /inference/v1/generate``
-(when vLLM runs with ``--enable-scale-out``; else ``POST /v1/completions`` with token ids, logged
-once at start), called **in-process** through ASGI: no network hop, no re-tokenization.
+connection's token log) and generates through vLLM's engine client itself (``AsyncLLM``, the
+object vLLM's routes call: token ids in, sampled ids out, no HTTP request, JSON chunk or SSE frame
+per token; :mod:`.in_process`). With ``RESPONSES_CACHE_ENDPOINT=generate`` or ``completions`` it
+calls vLLM's own ``POST /inference/v1/generate`` (when vLLM runs with ``--enable-scale-out``) or
+``POST /v1/completions`` with token ids instead, **in-process** through ASGI. Either way: no
+network hop, no re-tokenization.
 Everything else (vLLM's HTTP Responses API included, unless ``RESPONSES_CACHE_HTTP=1``) goes to
 vLLM untouched.
 
@@ -20,8 +23,8 @@ Environment:
 ``RESPONSES_CACHE_TEMPLATE``    the renderer template (default ``harmony``)
 ``RESPONSES_CACHE_PATH``        the path taken over (default ``/v1/responses``)
 ``RESPONSES_CACHE_HTTP``        ``1``: also serve HTTP ``POST`` on that path (default: WebSocket only)
-``RESPONSES_CACHE_ENDPOINT``    ``auto`` (default: ``generate`` when enabled), ``generate`` or
-                                ``completions``
+``RESPONSES_CACHE_ENDPOINT``    ``auto`` (default: vLLM's engine client), ``generate`` or
+                                ``completions`` (that HTTP route, in-process)
 ``VLLM_API_KEY``                the key vLLM checks (``--api-key``); checked here too
 ==============================  ===============================================================
 """
@@ -38,7 +41,7 @@ import httpx
 
 from responses_cache import HostScope, create_app
 
-from .backend import EngineBackend
+from .in_process import InProcessBackend
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -166,17 +169,23 @@ class ResponsesCacheMiddleware:
         self.http = os.environ.get("RESPONSES_CACHE_HTTP", "") in ("1", "true", "yes")
         api_key = os.environ.get("VLLM_API_KEY") or None
         self.transport = InProcessTransport(app)
-        self.backend = EngineBackend(
+        endpoint = os.environ.get("RESPONSES_CACHE_ENDPOINT", "auto")
+        self.backend = InProcessBackend(
             "http://vllm.in-process",
+            engine_client=self._engine_client if endpoint == "auto" else lambda: None,
             model=model,
             engine="vllm",
-            endpoint=os.environ.get("RESPONSES_CACHE_ENDPOINT", "auto"),
+            endpoint=endpoint,
             template=template,
             api_key=api_key,  # vLLM's own check sees the key on the in-process call
             routing_headers=False,  # one process: nothing to route
             transport=self.transport,
         )
         self.inner = create_app(backend=self.backend, renderer=template, api_keys=[api_key] if api_key else None)
+
+    def _engine_client(self) -> Any:
+        """vLLM's engine client (``app.state.engine_client``), once a request showed the app."""
+        return getattr(getattr(self.transport.host.app, "state", None), "engine_client", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.transport.host.observe(scope)

@@ -4,9 +4,10 @@ tiny random-weight model built from the bundled offline vocabulary (``benchmarks
 Two engines, once per session:
 
 * ``scale_out``: ``--enable-scale-out`` (tokens-in route ``/inference/v1/generate``) with the
-  middleware (WebSocket mode in-process);
-* ``stock``: a stock ``vllm serve`` (the tokens-in route answers 403) with the middleware, so
-  both modes fall back to ``/v1/completions``.
+  middleware (WebSocket mode in-process) told to call that route in-process;
+* ``stock``: a stock ``vllm serve`` (the tokens-in route answers 403) with the middleware, which
+  generates through vLLM's engine client (its default); network mode falls back to
+  ``/v1/completions``.
 
 Both serve vLLM's development endpoints (``pausable``): the steering test pauses the engine's
 scheduler while its client creates and steers the target. Both start fast (``fast_start``: eager,
@@ -20,7 +21,8 @@ launched by the worker that runs the engine tests, at its first engine fixture, 
 worker runs the rest of the suite: every worker collects every test, and only one may start them.
 
 ``target`` runs a test in each mode on each endpoint: ``network`` is ``responses-cache`` in front
-of the engine over HTTP; ``in-process`` is the middleware inside vLLM.
+of the engine over HTTP (``generate``, ``completions``); ``in-process`` is the middleware inside
+vLLM (``generate``: vLLM's route in-process; ``engine``: vLLM's engine client).
 """
 
 from __future__ import annotations
@@ -73,9 +75,12 @@ def prelaunch(pytestconfig: pytest.Config) -> Prelaunch:
 @group("engines")
 def _pair(python: Path) -> dict[str, vllmproc.VllmProcess]:
     model = vllmproc.tiny_model(python, MODEL)
-    middleware = {"RESPONSES_CACHE_MODEL": MODEL}
-    return {name: vllmproc.VllmProcess(python, model, scale_out=name == "scale_out", middleware=middleware, api_key=KEY,
-                                       pausable=True, fast_start=True, nice=NICE)
+    # In ``stock`` the middleware generates through vLLM's engine client (its default, which needs
+    # no tokens-in route); in ``scale_out`` through vLLM's ``/inference/v1/generate``, in-process.
+    middleware = {"scale_out": {"RESPONSES_CACHE_MODEL": MODEL, "RESPONSES_CACHE_ENDPOINT": "generate"},
+                  "stock": {"RESPONSES_CACHE_MODEL": MODEL}}
+    return {name: vllmproc.VllmProcess(python, model, scale_out=name == "scale_out", middleware=middleware[name],
+                                       api_key=KEY, pausable=True, fast_start=True, nice=NICE)
             for name in ("scale_out", "stock")}
 
 
@@ -85,7 +90,7 @@ def engines(prelaunch: Prelaunch) -> Iterator[dict[str, vllmproc.VllmProcess]]:
         yield started
 
 
-@pytest.fixture(params=["network-generate", "in-process-generate", "network-completions", "in-process-completions"])
+@pytest.fixture(params=["network-generate", "in-process-generate", "network-completions", "in-process-engine"])
 def target(request: pytest.FixtureRequest, engines: dict[str, vllmproc.VllmProcess],
            responses_cache_server_factory: Callable[..., Any]) -> Target:
     mode, endpoint = str(request.param).rsplit("-", 1)

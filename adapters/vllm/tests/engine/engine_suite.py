@@ -97,7 +97,7 @@ class Target:
     """Where a test's WebSocket connects, and the engine behind it."""
 
     mode: str  # "network" or "in-process"
-    endpoint: str  # "generate" or "completions"
+    endpoint: str  # "generate", "completions" or "engine" (in-process: vLLM's engine client)
     engine: vllmproc.VllmProcess
     http_url: str  # base URL for the SDK (…/v1)
     ws_url: str

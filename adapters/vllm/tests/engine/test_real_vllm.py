@@ -262,3 +262,24 @@ def test_a_compaction_on_the_real_engine(
         again = client.responses.create(model=MODEL, input="Then?", previous_response_id=follow.id)
     assert follow.status == "completed" and again.status == "completed"
     assert again.usage is not None and again.usage.input_tokens_details.cached_tokens > 0
+
+
+# -- in-process mode: vLLM's engine client -------------------------------------------------------
+
+
+def test_the_middleware_generates_through_vllms_engine_client(engines: dict[str, VllmProcess]) -> None:
+    # Each turn goes to vLLM's engine client (its log: ``Added request <id>-<n>``), not through
+    # one of vLLM's HTTP routes (which log ``Received request <route>-<id>``), and the conversation
+    # is the same: each prompt extends the previous one, served from the engine's prefix cache.
+    # A stock vLLM (no tokens-in route) is enough.
+    engine = engines["stock"]
+    target = Target("in-process", "engine", engine, engine.url + "/v1", engine.ws_url)
+    hits: list[float] = []
+    responses = conversation(target, 3, hits, temperature=0, max_output_tokens=8)
+    assert_continued(responses, hits)
+    assert all(r["status"] == "incomplete" and r["usage"]["output_tokens"] == 8 for r in responses)
+    lines = engine.log.read_text(errors="replace").splitlines()
+    for response in responses:
+        mine = [line for line in lines if response["id"] in line]
+        assert any(f"Added request {response['id']}-" in line for line in mine), mine
+        assert not any("Received request" in line for line in mine), mine
