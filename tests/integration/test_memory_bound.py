@@ -79,18 +79,17 @@ def _peak_growth(pid: int, push: Callable[[ClientConnection, threading.Event], N
     that never reads), until it is done or ``WATCH_S`` has passed."""
     before = _rss(pid)
     stop = threading.Event()
-    ws = connect(url, max_size=None, max_queue=1)  # stops reading once one message waits
-    thread = threading.Thread(target=push, args=(ws, stop), daemon=True)
-    thread.start()
-    peak = before
-    deadline = time.monotonic() + WATCH_S
-    while thread.is_alive() and time.monotonic() < deadline:
-        peak = max(peak, _rss(pid))
-        thread.join(0.02)
-    stop.set()
-    ws.socket.shutdown(socket.SHUT_RDWR)  # a send blocked on the server fails now
-    thread.join(30)
-    ws.socket.close()
+    with connect(url, max_size=None, max_queue=1) as ws:  # stops reading once one message waits
+        thread = threading.Thread(target=push, args=(ws, stop), daemon=True)
+        thread.start()
+        peak = before
+        deadline = time.monotonic() + WATCH_S
+        while thread.is_alive() and time.monotonic() < deadline:
+            peak = max(peak, _rss(pid))
+            thread.join(0.02)
+        stop.set()
+        ws.socket.shutdown(socket.SHUT_RDWR)  # a send blocked on the server fails now
+        thread.join(30)
     return peak - before
 
 
