@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+from array import array
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -400,12 +401,13 @@ class EngineBackend:
             )
         return renderer.tool_call_prefix(name)
 
-    def _params(self, request: GenerationRequest, prompt: list[int]) -> tuple[Params, list[int], str]:
+    def _params(self, request: GenerationRequest, prompt: Sequence[int]) -> tuple[Params, list[int], str]:
         assert request.prompt is not None
         renderer = request.prompt.renderer
         prefill_text = self.prefill(request, renderer)
         prefill = list(renderer.encode_with_specials(prefill_text)) if prefill_text else []
-        ids = prompt + prefill
+        ids = prompt.tolist() if isinstance(prompt, array) else list(prompt)  # the one list the body sends
+        ids.extend(prefill)
         max_tokens = request.max_output_tokens
         if self.context_window is not None:
             left = self.context_window - len(ids)
@@ -446,7 +448,7 @@ class EngineBackend:
             raise BackendError("this backend needs a route with a renderer (token-id prompts)", "server_error")
         renderer = request.prompt.renderer
         dialect = await self._ready(renderer)
-        params, prefill, prefill_text = self._params(request, list(request.prompt.tokens()))
+        params, prefill, prefill_text = self._params(request, request.prompt.tokens())
         headers = self.routing(request)
         customs = frozenset(tool.name for tool in request.tools.customs())
         outcome = Generation(request, renderer, renderer.output_parser(customs), headers, sampled=list(prefill))

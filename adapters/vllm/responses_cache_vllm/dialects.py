@@ -29,7 +29,8 @@ from responses_cache.engines import stream_error
 @dataclass(frozen=True, slots=True)
 class Params:
     model: str
-    token_ids: Sequence[int]
+    #: The prompt, one list made once per request (the bodies send it as is: no copy per dialect).
+    token_ids: list[int]
     max_tokens: int | None
     stop_token_ids: Sequence[int]
     request_id: str
@@ -141,7 +142,7 @@ class VllmGenerate:
         body: dict[str, Any] = {
             "request_id": p.request_id,
             "model": p.model,
-            "token_ids": list(p.token_ids),
+            "token_ids": p.token_ids,
             "sampling_params": sampling,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -173,7 +174,7 @@ class VllmCompletions:
         body: dict[str, Any] = {
             "request_id": p.request_id,
             "model": p.model,
-            "prompt": list(p.token_ids),
+            "prompt": p.token_ids,
             "stream": True,
             "stream_options": {"include_usage": True},
             "skip_special_tokens": False,  # the output parser follows the template's markers
@@ -207,7 +208,7 @@ class SglangGenerate:
         _sampling(p, sampling)
         body: dict[str, Any] = {
             "rid": p.request_id,
-            "input_ids": list(p.token_ids),
+            "input_ids": p.token_ids,
             "sampling_params": sampling,
             "stream": True,
         }

@@ -63,7 +63,7 @@ class InProcessBackend(EngineBackend):
         from vllm import SamplingParams  # vLLM's process: the import is there already
         from vllm.sampling_params import RequestOutputKind
 
-        ids = list(params.token_ids)
+        ids = params.token_ids
         max_tokens = params.max_tokens
         if max_tokens is None:  # the context window is read at start; this is vLLM's own figure
             max_tokens = max(1, client.vllm_config.model_config.max_model_len - len(ids))
