@@ -94,6 +94,7 @@ class InProcessBackend(EngineBackend):
         except Exception as exc:
             raise BackendError(f"vLLM refused the request: {exc or type(exc).__name__}", "server_error") from exc
         yield ACCEPTED
+        outcome.prompt_tokens = len(ids)  # what the engine was given, as its usage would say
         decoding, sampled, finished = Decoding(outcome), 0, False
         try:
             # What the engine produced while the turn was busy is decoded as one.
@@ -112,7 +113,8 @@ class InProcessBackend(EngineBackend):
             raise BackendError(f"vLLM's engine failed: {exc or type(exc).__name__}", "server_error") from exc
         finally:
             if not finished:  # the client left, a stop or a failure: vLLM frees the request
-                await client.abort(request_id)
+                with contextlib.suppress(Exception):  # (an engine that died has nothing to free)
+                    await client.abort(request_id)
             queue.close()
         for event in decoding.close():
             yield event
@@ -138,7 +140,6 @@ def _step(output: Any, sampled: int) -> tuple[Step, int]:
         ids=ids,
         finish=completion.finish_reason if output.finished else None,
         matched_stop=stop if isinstance(stop, int) and not isinstance(stop, bool) else None,
-        prompt_tokens=len(output.prompt_token_ids) if output.prompt_token_ids is not None else None,
         cached_tokens=output.num_cached_tokens,
         output_tokens=sampled,
     )
