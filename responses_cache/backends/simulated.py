@@ -137,11 +137,12 @@ class SimulatedEngine:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[BackendEvent, None]:
         self.requests += 1
         cfg = self.config
+        # A real engine works in a process of its own: what the server queued before calling it
+        # (``response.created`` on an SSE stream) goes out before this engine's own work.
+        await asyncio.sleep(0)
         prompt_tokens, cached = self._prefill_accounting(request)
         self.prefilled_tokens += prompt_tokens - cached
-        if cfg.instant:
-            await asyncio.sleep(0)  # let what the server already queued (response.created) go out
-        elif prompt_tokens > cached:
+        if not cfg.instant and prompt_tokens > cached:
             await asyncio.sleep((prompt_tokens - cached) / cfg.prefill_tokens_per_s)
         plan = self._plan(request)
         calls = plan.call is not None or plan.custom is not None

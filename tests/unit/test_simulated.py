@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from responses_cache.backends import (
     Finish,
@@ -155,3 +156,34 @@ async def test_a_burst_is_handed_over_in_batches_of_the_adapters_limit() -> None
     config = SimulatedConfig(prefill_tokens_per_s=1e12, output_tokens_per_s=8192.0, answer_tokens=2 * BATCH_LIMIT)
     burst = await _deltas(config, 10**9, tokens)
     assert burst == ["".join(tokens[:1]), "".join(tokens[1 : 1 + BATCH_LIMIT]), "".join(tokens[1 + BATCH_LIMIT :])]
+
+
+async def test_an_sse_stream_has_response_created_out_before_the_engine_works() -> None:
+    """A real engine works in a process of its own, while the server writes: the simulated engine
+    yields to the server before its own work, so an SSE stream's ``response.created`` is written
+    before the engine's prefill (not after its first stretch of work)."""
+    from responses_cache import create_app
+    from tests.asgi_turns import asgi_client
+
+    sent: list[bytes] = []
+    written_first: list[bool] = []
+
+    class Watched(SimulatedEngine):
+        def _prefill_accounting(self, request: GenerationRequest) -> tuple[int, int]:
+            written_first.append(any(b"response.created" in body for body in sent))
+            return super()._prefill_accounting(request)
+
+    app = create_app(backend=Watched(SimulatedConfig(prefill_tokens_per_s=1e12, output_tokens_per_s=1e12)), renderer="harmony")
+
+    async def recorder(scope: Any, receive: Any, send: Any) -> None:
+        async def record(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                sent.append(message.get("body", b""))
+            await send(message)
+
+        await app(scope, receive, record)
+
+    async with asgi_client(recorder) as client:
+        reply = await client.post("/responses", json={"model": "sim-1", "input": "hi", "stream": True})
+    assert reply.status_code == 200 and b"response.completed" in reply.content
+    assert written_first == [True]
