@@ -34,7 +34,7 @@ wait_up "http://127.0.0.1:$SERVER_PORT/v1/models"
 .smoke-vllm/bin/python adapters/vllm/smoke/smoke_client.py "http://127.0.0.1:$SERVER_PORT/v1" "$MODEL"
 cleanup; pids=()
 
-# 2. Inside vLLM: the middleware answers WebSocket /v1/responses and calls generate in-process.
+# 2. Inside vLLM: the middleware answers WebSocket /v1/responses and generates through vLLM's engine client.
 RESPONSES_CACHE_MODEL="$MODEL" VLLM_API_KEY=$KEY .smoke-vllm/bin/vllm serve "$MODEL" --port $ENGINE_PORT \
   --api-key $KEY --enable-scale-out --enable-prefix-caching --enable-prompt-tokens-details \
   --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware &
