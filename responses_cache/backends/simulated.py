@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import hashlib
 import json
 import re
@@ -154,10 +155,11 @@ class SimulatedEngine:
             assert request.prompt is not None
             started = False
             utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            async for due in self._decode(len(ids)):
-                for event in parser.feed(utf8.decode(request.prompt.renderer.encoding.decode_bytes(ids[due]))):
-                    started = started or isinstance(event, ToolCallStart)
-                    yield event
+            async with contextlib.aclosing(self._decode(len(ids))) as groups:
+                async for due in groups:
+                    for event in parser.feed(utf8.decode(request.prompt.renderer.encoding.decode_bytes(ids[due]))):
+                        started = started or isinstance(event, ToolCallStart)
+                        yield event
             for event in parser.close():
                 started = started or isinstance(event, ToolCallStart)
                 yield event
@@ -169,9 +171,10 @@ class SimulatedEngine:
             yield ToolCallStart(name=plan.custom, custom=True)
         elif plan.call is not None:
             yield ToolCallStart(name=plan.call.name, namespace=plan.namespace)
-        async for due in self._decode(len(pieces)):
-            piece = "".join(pieces[due])
-            yield ToolCallDelta(piece) if calls else TextDelta(piece)
+        async with contextlib.aclosing(self._decode(len(pieces))) as groups:
+            async for due in groups:
+                piece = "".join(pieces[due])
+                yield ToolCallDelta(piece) if calls else TextDelta(piece)
         yield Finish(
             reason="tool_calls" if calls else "stop",
             usage=EngineUsage(prompt_tokens=prompt_tokens, cached_tokens=cached, output_tokens=len(pieces)),
