@@ -60,41 +60,20 @@ class InProcessBackend(EngineBackend):
         return self._in_engine(client, params, outcome)
 
     async def _in_engine(self, client: Any, params: Params, outcome: Generation) -> AsyncGenerator[BackendEvent | Accepted, None]:
-        from vllm import SamplingParams  # vLLM's process: the import is there already
-        from vllm.sampling_params import RequestOutputKind
-
-        ids = params.token_ids
-        max_tokens = params.max_tokens
-        if max_tokens is None:  # the context window is read at start; this is vLLM's own figure
-            max_tokens = max(1, client.vllm_config.model_config.max_model_len - len(ids))
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            stop_token_ids=list(params.stop_token_ids),
-            skip_special_tokens=False,
-            detokenize=False,  # decoded here with the renderer's encoding
-            output_kind=RequestOutputKind.DELTA,
-            **({"temperature": params.temperature} if params.temperature is not None else {}),
-            **({"top_p": params.top_p} if params.top_p is not None else {}),
-            **params.extra,
-        )
-        prompt: Any = {"prompt_token_ids": ids}
-        if params.cache_salt is not None:
-            prompt["cache_salt"] = params.cache_salt
-        render = getattr(getattr(client, "renderer", None), "render_cmpl", None)
-        if render is not None:  # the engine input vLLM's own routes make (a raw prompt is deprecated)
-            (prompt,) = render([prompt])
         request_id = f"{params.request_id}-{next(_attempts)}"
-        trace = {k: v for k, v in outcome.headers.items() if k in ("traceparent", "tracestate")}
         try:
-            # Added before the response exists, as vLLM's routes add it before their 200: a
-            # refusal is a plain error, and the engine has the request by ``response.created``.
+            # Added before the response exists, as vLLM's routes add it before their 200: what
+            # vLLM refuses (sampling values, a prompt) is a plain error, and the engine has the
+            # request by ``response.created``.
             queue = await client.add_request(
-                request_id, prompt, sampling, priority=params.priority or 0, trace_headers=trace or None
+                request_id, _engine_input(client, params), _sampling(client, params),
+                priority=params.priority or 0,
+                trace_headers={k: v for k, v in outcome.headers.items() if k in ("traceparent", "tracestate")} or None,
             )
         except Exception as exc:
             raise BackendError(f"vLLM refused the request: {exc or type(exc).__name__}", "server_error") from exc
         yield ACCEPTED
-        outcome.prompt_tokens = len(ids)  # what the engine was given, as its usage would say
+        outcome.prompt_tokens = len(params.token_ids)  # what the engine was given, as its usage would say
         decoding, sampled, finished = Decoding(outcome), 0, False
         try:
             # What the engine produced while the turn was busy is decoded as one.
@@ -118,6 +97,40 @@ class InProcessBackend(EngineBackend):
             queue.close()
         for event in decoding.close():
             yield event
+
+
+def _sampling(client: Any, params: Params) -> Any:
+    """The ``SamplingParams`` vLLM's generate route would make of ``params`` (vLLM's defaults for
+    the rest), its outputs as deltas of token ids."""
+    from vllm import SamplingParams  # vLLM's process: the import is there already
+    from vllm.sampling_params import RequestOutputKind
+
+    max_tokens = params.max_tokens
+    if max_tokens is None:  # the context window is read at start; this is vLLM's own figure
+        max_tokens = max(1, client.vllm_config.model_config.max_model_len - len(params.token_ids))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        stop_token_ids=list(params.stop_token_ids),
+        skip_special_tokens=False,
+        detokenize=False,  # decoded here with the renderer's encoding
+        output_kind=RequestOutputKind.DELTA,
+        **({"temperature": params.temperature} if params.temperature is not None else {}),
+        **({"top_p": params.top_p} if params.top_p is not None else {}),
+        **params.extra,
+    )
+
+
+def _engine_input(client: Any, params: Params) -> Any:
+    """The prompt as vLLM's own routes hand it to the engine (``renderer.render_cmpl``; a raw
+    ``TokensPrompt`` where vLLM has no such renderer: it is deprecated)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": params.token_ids}
+    if params.cache_salt is not None:
+        prompt["cache_salt"] = params.cache_salt
+    render = getattr(getattr(client, "renderer", None), "render_cmpl", None)
+    if render is None:
+        return prompt
+    (engine_input,) = render([prompt])
+    return engine_input
 
 
 async def _outputs(queue: Any) -> AsyncGenerator[Any, None]:

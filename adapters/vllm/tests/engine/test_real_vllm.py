@@ -78,6 +78,18 @@ def test_a_prompt_over_the_context_window_is_context_length_exceeded(target: Tar
         assert turn(conn, input="short")["status"] == "completed"
 
 
+def test_a_request_the_engine_refuses_is_an_error_before_the_response(target: Target) -> None:
+    # vLLM takes top_p in (0, 1]; the Responses API lets a client send 0. vLLM's refusal (its 400 on
+    # a route, its SamplingParams' error on the engine client) comes before the response exists.
+    with sdk(target.http_url) as client, client.responses.connect() as conn:
+        conn.response.create(model=MODEL, store=False, input="hi", top_p=0)
+        event = json.loads(conn.recv_bytes())
+        check_event(event)
+        assert event["type"] == "error" and "top_p" in event["error"]["message"], event
+        # The socket stays usable.
+        assert turn(conn, input="short", max_output_tokens=4)["status"] == "incomplete"
+
+
 def test_max_output_tokens_is_capped_by_the_context_window(target: Target) -> None:
     # No max_output_tokens: the engine may write up to what the window leaves, and no more.
     prompt = "lorem " * 3950
