@@ -4,7 +4,8 @@ vLLM's own routes (``/inference/v1/generate`` and the OpenAI ones) hand a reques
 client its server keeps in ``app.state.engine_client`` (``AsyncLLM``), and turn every
 ``RequestOutput`` it yields into a JSON chunk and an SSE frame; the middleware's backend then
 parses them back. :class:`InProcessBackend` calls the engine client itself: the prompt's token ids
-go in as a ``TokensPrompt``, the sampled ids come back as ``RequestOutput`` deltas (vLLM
+go in as the engine input vLLM's renderer makes of a ``TokensPrompt`` (as its routes do), the
+sampled ids come back as ``RequestOutput`` deltas (vLLM
 detokenizes nothing: ``detokenize=False``), and nothing is encoded, framed or parsed per token on
 either side. Everything else is :class:`~responses_cache_vllm.backend.EngineBackend`'s: the
 prompt, ``tool_choice``, the context window and the tokenizer handshake at start (through vLLM's
