@@ -330,18 +330,20 @@ class VllmProcess:
             prefix_hits=samples["vllm:prefix_cache_hits_total"],
         )
 
+    def lines_about(self, request_id: str) -> list[str]:
+        """The engine's log lines that name a request whose id contains ``request_id`` (the adapters
+        send the response id; vLLM adds a prefix or a suffix of its own)."""
+        return [line for line in self.log.read_text(errors="replace").splitlines() if request_id in line]
+
     def aborted(self, request_id: str) -> bool:
-        """Whether the engine logged the abort of a request whose id contains ``request_id`` (the
-        adapters send the response id; vLLM logs ``Request <prefix>-<id> aborted.``, and
-        ``Aborted request(s) <id>`` for an abort through its engine client)."""
-        return any(request_id in line and "aborted" in line.lower()
-                   for line in self.log.read_text(errors="replace").splitlines())
+        """Whether the engine logged the abort of such a request (vLLM's routes: ``Request
+        <prefix>-<id> aborted.``; its engine client: ``Aborted request(s) <id>``)."""
+        return any("aborted" in line.lower() for line in self.lines_about(request_id))
 
     def received(self, request_id: str) -> bool:
-        """Whether the engine logged receiving a request whose id contains ``request_id`` (vLLM's
-        routes log ``Received request``, its engine client ``Added request``)."""
-        return any(request_id in line and ("Received request" in line or "Added request" in line)
-                   for line in self.log.read_text(errors="replace").splitlines())
+        """Whether the engine logged receiving such a request (vLLM's routes log ``Received
+        request``, its engine client ``Added request``)."""
+        return any("Received request" in line or "Added request" in line for line in self.lines_about(request_id))
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -290,8 +290,7 @@ def test_the_middleware_generates_through_vllms_engine_client(engines: dict[str,
     responses = conversation(target, 3, hits, temperature=0, max_output_tokens=8)
     assert_continued(responses, hits)
     assert all(r["status"] == "incomplete" and r["usage"]["output_tokens"] == 8 for r in responses)
-    lines = engine.log.read_text(errors="replace").splitlines()
     for response in responses:
-        mine = [line for line in lines if response["id"] in line]
+        mine = engine.lines_about(response["id"])
         assert any(f"Added request {response['id']}-" in line for line in mine), mine
         assert not any("Received request" in line for line in mine), mine
