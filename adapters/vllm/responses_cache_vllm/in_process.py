@@ -5,9 +5,8 @@ client its server keeps in ``app.state.engine_client`` (``AsyncLLM``), and turn 
 ``RequestOutput`` it yields into a JSON chunk and an SSE frame; the middleware's backend then
 parses them back. :class:`InProcessBackend` calls the engine client itself: the prompt's token ids
 go in as the engine input vLLM's renderer makes of a ``TokensPrompt`` (as its routes do), the
-sampled ids come back as ``RequestOutput`` deltas (vLLM
-detokenizes nothing: ``detokenize=False``), and nothing is encoded, framed or parsed per token on
-either side. Everything else is :class:`~responses_cache_vllm.backend.EngineBackend`'s: the
+sampled ids come back as ``RequestOutput`` deltas (vLLM detokenizes nothing: ``detokenize=False``),
+and nothing is encoded, framed or parsed per token on either side. Everything else is :class:`~responses_cache_vllm.backend.EngineBackend`'s: the
 prompt, ``tool_choice``, the context window and the tokenizer handshake at start (through vLLM's
 HTTP routes, in-process), decoding and parsing, usage, the finish.
 
