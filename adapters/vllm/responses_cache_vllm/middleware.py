@@ -25,14 +25,21 @@ Environment:
 ``RESPONSES_CACHE_HTTP``        ``1``: also serve HTTP ``POST`` on that path (default: WebSocket only)
 ``RESPONSES_CACHE_ENDPOINT``    ``auto`` (default: vLLM's engine client), ``generate`` or
                                 ``completions`` (that HTTP route, in-process)
+``RESPONSES_CACHE_LOG_LEVEL``   the level of this package's log records (default: vLLM's,
+                                ``VLLM_LOGGING_LEVEL``; ``INFO`` includes a line per turn)
 ``VLLM_API_KEY``                the key vLLM checks (``--api-key``); checked here too
 ==============================  ===============================================================
+
+The package's log records (a turn that failed, a drain's deadline, the line per turn) go to vLLM's
+own log handlers, formatted as vLLM's lines, unless a logging configuration gave the
+``responses_cache`` logger handlers of its own or vLLM's logging is off (``VLLM_CONFIGURE_LOGGING=0``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
@@ -156,11 +163,29 @@ async def _finish(task: asyncio.Future[None]) -> None:
             await task
 
 
+def log_where_vllm_logs(level: str | None = None) -> None:
+    """Hand the ``responses_cache`` logger vLLM's handlers, at ``level`` (default: the ``vllm``
+    logger's). Inside ``vllm serve`` nothing else would show its records: vLLM configures only its
+    own logger, and the root logger there drops everything under ERROR. Nothing changes where the
+    ``responses_cache`` logger already has handlers (a logging configuration of the user's) or
+    where vLLM configured no handler of its own (``VLLM_CONFIGURE_LOGGING=0``)."""
+    ours, theirs = logging.getLogger("responses_cache"), logging.getLogger("vllm")
+    if level is not None and not isinstance(logging.getLevelName(level.upper()), int):
+        raise ValueError(f"RESPONSES_CACHE_LOG_LEVEL={level!r} is not a logging level (debug, info, warning, error)")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(level.upper() if level is not None else theirs.getEffectiveLevel())
+    ours.propagate = False  # the root logger's handlers (if any) would print each record again
+
+
 class ResponsesCacheMiddleware:
     """``vllm serve --middleware responses_cache_vllm.middleware.ResponsesCacheMiddleware``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        log_where_vllm_logs(os.environ.get("RESPONSES_CACHE_LOG_LEVEL"))
         model = os.environ.get("RESPONSES_CACHE_MODEL")
         if not model:
             raise ValueError("ResponsesCacheMiddleware needs RESPONSES_CACHE_MODEL (the served model name)")

@@ -4,8 +4,11 @@ generation called in-process."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -103,3 +106,70 @@ def test_the_middleware_needs_the_model_name(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("RESPONSES_CACHE_MODEL", raising=False)
     with pytest.raises(ValueError, match="RESPONSES_CACHE_MODEL"):
         ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+
+
+# -- logging: the package's records in vLLM's log ----------------------------------------------
+
+
+@pytest.fixture
+def vllm_logging() -> Iterator[io.StringIO]:
+    """vLLM's logging as ``vllm serve`` configures it (a handler on the ``vllm`` logger only, at
+    INFO; the root logger dropping what is under ERROR); every logger restored afterwards."""
+    ours, theirs, root = logging.getLogger("responses_cache"), logging.getLogger("vllm"), logging.getLogger()
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in (ours, theirs, root)]
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("VLLM-FORMAT %(levelname)s %(message)s"))
+    theirs.handlers[:] = [handler]
+    theirs.setLevel(logging.INFO)
+    ours.handlers[:] = []
+    ours.setLevel(logging.NOTSET)
+    root.setLevel(logging.ERROR)
+    try:
+        yield stream
+    finally:
+        for lg, handlers, level, propagate in saved:
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+
+def test_the_packages_records_go_to_vllms_log(vllm_logging: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESPONSES_CACHE_MODEL", "m")
+    monkeypatch.delenv("RESPONSES_CACHE_LOG_LEVEL", raising=False)
+    ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+    ResponsesCacheMiddleware(Starlette())  # a second middleware in the process adds nothing twice
+    logging.getLogger("responses_cache.lifecycle").warning("drain deadline passed")
+    logging.getLogger("responses_cache.turns").info("turn resp_1 completed")
+    logging.getLogger("responses_cache.turns").debug("not at vLLM's level")
+    assert vllm_logging.getvalue().splitlines() == [
+        "VLLM-FORMAT WARNING drain deadline passed",
+        "VLLM-FORMAT INFO turn resp_1 completed",
+    ]
+
+
+def test_the_log_level_can_be_set_apart_from_vllms(vllm_logging: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESPONSES_CACHE_MODEL", "m")
+    monkeypatch.setenv("RESPONSES_CACHE_LOG_LEVEL", "warning")
+    ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+    logging.getLogger("responses_cache.turns").info("turn resp_1 completed")
+    logging.getLogger("responses_cache.turns").warning("turn resp_2 failed")
+    assert vllm_logging.getvalue().splitlines() == ["VLLM-FORMAT WARNING turn resp_2 failed"]
+    monkeypatch.setenv("RESPONSES_CACHE_LOG_LEVEL", "loud")
+    with pytest.raises(ValueError, match="RESPONSES_CACHE_LOG_LEVEL='loud' is not a logging level"):
+        ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+
+
+def test_a_logging_configuration_of_the_users_is_left_alone(vllm_logging: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESPONSES_CACHE_MODEL", "m")
+    mine = io.StringIO()
+    logging.getLogger("responses_cache").addHandler(logging.StreamHandler(mine))
+    ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+    logging.getLogger("responses_cache.lifecycle").error("closing failed")
+    assert mine.getvalue() == "closing failed\n"
+    assert vllm_logging.getvalue() == ""
+    # vLLM's logging off (``VLLM_CONFIGURE_LOGGING=0``: no handler on its logger): nothing added.
+    logging.getLogger("responses_cache").handlers[:] = []
+    logging.getLogger("vllm").handlers[:] = []
+    ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
+    assert logging.getLogger("responses_cache").handlers == []

@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 from benchmarks.suite.vllmproc import VllmProcess
 from responses_cache import create_app
 from responses_cache.conversation.sealing import Sealer, new_key
-from responses_cache.testing import start_once
+from responses_cache.testing import start_once, wait_for
 from tests.websocket.wsclient import check_event, recv_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # the first one installs vLLM
@@ -294,3 +294,19 @@ def test_the_middleware_generates_through_vllms_engine_client(engines: dict[str,
         mine = engine.lines_about(response["id"])
         assert any(f"Added request {response['id']}-" in line for line in mine), mine
         assert not any("Received request" in line for line in mine), mine
+
+
+def test_the_middlewares_records_are_in_vllms_log(engines: dict[str, VllmProcess]) -> None:
+    # Inside ``vllm serve`` the package's records (here the line per turn, at vLLM's default INFO)
+    # go to vLLM's handler as vLLM's own lines; left to the root logger they were dropped.
+    engine = engines["stock"]
+    target = Target("in-process", "engine", engine, engine.url + "/v1", engine.ws_url)
+    (response,) = conversation(target, 1, [], temperature=0, max_output_tokens=4)
+    ours = f"turn {response['id']} incomplete"
+
+    def logged() -> list[str]:
+        return [line for line in engine.lines_about(response["id"]) if ours in line]
+
+    wait_for(lambda: bool(logged()), "the line per turn in vLLM's log")
+    (line,) = logged()
+    assert line.startswith("(APIServer pid=") and " INFO " in line, line
