@@ -53,7 +53,7 @@ from typing import Any
 from benchmarks.render_history import FILLER, INSTRUCTIONS, new_turn_for, step
 from responses_cache.protocol.items import FunctionCall, Item, Message
 from responses_cache.protocol.tools import ToolSet, parse_tools
-from responses_cache.tokens import get_renderer
+from responses_cache.tokens import get_renderer, hf_log
 from responses_cache.tokens.hf import HFRenderer
 from responses_cache.tokens.hf_messages import chat_messages, chat_tools
 from responses_cache.tokens.log import TokenLog
@@ -101,7 +101,7 @@ def added_texts(r: Any, log: TokenLog, n: int) -> list[str]:
     texts: list[str] = []
     node = log._node
     while len(texts) < n and node is not None:
-        text = r._piece(node).text
+        text = hf_log.piece(node).text
         if text:
             texts.append(text)
         node = node.parent
@@ -161,8 +161,8 @@ def one_round(
         "no-tpl": cpu(lambda: run_turns(replay, log, turns)) / n,
         "hf": cpu(lambda: run_turns(r, log, turns)) / n,
         "harmony": cpu(lambda: run_turns(harmony, h_log, h_turns)) / n,
-        "encode": cpu(lambda: [r._encode(t) for t in texts]) / n,
-        "least": cpu(lambda: [r._template.render_pair(v) for v in least]) / n,
+        "encode": cpu(lambda: [r._encoder.encode(t) for t in texts]) / n,
+        "least": cpu(lambda: [r._runner.template.render_pair(v) for v in least]) / n,
         "hf-tok": cpu(lambda: run_turns(slow, log, turns)) / n,
         "hf+p": cpu(lambda: run_turns(r, log, turns, prompt=True)) / n,
         "harmony+p": cpu(lambda: run_turns(harmony, h_log, h_turns, prompt=True)) / n,
@@ -200,8 +200,8 @@ class Case:
 def replayed(path: pathlib.Path, window: int | None, log: TokenLog, turns: list[list[Item]]) -> HFRenderer:
     """A renderer like ``r`` whose template replays what it rendered for ``turns`` after ``log``."""
     rp = HFRenderer(str(path), window=window)
-    template = Replayed(rp._template)
-    rp._template = template  # type: ignore[assignment]
+    template = Replayed(rp._runner.template)
+    rp._runner.template = template  # type: ignore[assignment]
     template.record(lambda: run_turns(rp, log, turns))
     return rp
 
@@ -218,7 +218,7 @@ def prepare(r: Any, harmony: Any, size: int, n: int, path: pathlib.Path) -> Case
     messages = chat_messages(INSTRUCTIONS, every)
     names = {i.call_id: i.name for i in every if isinstance(i, FunctionCall)}
     tools = chat_tools(TOOLS)
-    least = [r._variables(chat_messages(INSTRUCTIONS, [items[0], *turn], calls=names.get), tools) for turn in turns]
+    least = [r._runner.variables(chat_messages(INSTRUCTIONS, [items[0], *turn], calls=names.get), tools) for turn in turns]
     return Case(log, turns, h_log, turns_after(h_items, n), texts, messages, runs, replayed(path, r.window, log, turns), least)
 
 

@@ -496,12 +496,12 @@ def test_tool_definitions_and_call_arguments_are_dumped_to_json_once(dirs: dict[
     for k in range(6):
         log = r.extend(log, step(k))
         items += step(k)
-    calls, dumps = r._template.json.calls, r._template.json.dumps
+    calls, dumps = r._runner.template.json.calls, r._runner.template.json.dumps
     for k in range(6, 18):  # every call has the same arguments text: parsed and dumped once
         log = r.extend(log, step(k))
         items += step(k)
         assert r.prompt(log) == reference.prompt(reference.render_full("be careful", TOOLS, items))
-    dumped, used = r._template.json.dumps - dumps, r._template.json.calls - calls
+    dumped, used = r._runner.template.json.dumps - dumps, r._runner.template.json.calls - calls
     assert (used - dumped) / 12 >= 2  # per step at least the tools and the window's arguments
     if family != "mistral":  # whose template dumps a dict it builds for each tool output
         assert dumped == 0

@@ -379,9 +379,9 @@ def test_real_vocabularies_take_the_fast_path(name: str) -> None:
     # of Llama 3's tokens are made by several): ranked by the merge each is made with alone.
     r = HFRenderer(str(require_real_model(name)))
     assert r.fast_refusal is None
-    assert r._fast is not None
+    assert r._encoder.fast is not None
     for text in (CONVERTED_TEXT, CONVERTED_TEXT * 3, " ".join(CONVERTED_TEXT.split(" ")[::-1])):
-        assert r._fast.encode(text) == r._tok.encode(text, add_special_tokens=False).ids
+        assert r._encoder.fast.encode(text) == r._encoder.tok.encode(text, add_special_tokens=False).ids
 
 
 def test_the_environment_turns_the_fast_path_off(family_dirs: dict[str, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -395,7 +395,7 @@ def test_text_the_fast_path_cannot_vouch_for_goes_to_tokenizers(family_dirs: dic
     assert r.fast_refusal is None
     text = "<|im_start|>user\nCafe\u0301<|im_end|>\n"
     before = r.stats.slow_encodes
-    assert r._encode(text) == list(r._tok.encode(text, add_special_tokens=False).ids)
+    assert r._encoder.encode(text) == list(r._encoder.tok.encode(text, add_special_tokens=False).ids)
     assert r.stats.slow_encodes == before + 1
 
 
