@@ -17,7 +17,7 @@ Durability (``durability=``):
 
 * ``"process"``: each append is an ``os.write`` before the event goes out; it survives a kill
   of the process (the kernel has the bytes). No ``fsync`` on the turn's path.
-* ``"machine"``: additionally, a group commit thread runs ``fdatasync`` at most every
+* ``"machine"``: additionally, a group commit thread (:mod:`.commit`) runs ``fdatasync`` at most every
   ``commit_interval`` seconds, and ``begin``/``end`` return an awaitable that the turn awaits
   before sending ``response.created`` / the terminal event; it survives power loss.
 
@@ -42,6 +42,7 @@ from typing import Final, Literal
 import msgspec
 
 from ..observability.metrics import Metrics
+from .commit import GroupCommit, resolve
 from .journal import Durability, MarkEntry, OpenEntry, UsageJournal
 from .record import UsageRecord, encode_record
 from .sinks import BillingSink
@@ -137,7 +138,6 @@ class Biller:
         self._queue_size = queue_size
         self._batch_size = batch_size
         self._flush_interval = flush_interval
-        self._commit_interval = commit_interval
         self._retry_interval = retry_interval
         self._max_retry_interval = max_retry_interval
         self._stop_timeout = stop_timeout
@@ -169,11 +169,10 @@ class Biller:
         self._delivered = 0
         self._sink_errors = 0
 
-        # Group commit (machine mode).
-        self._sync_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._sync_needed = threading.Event()
-        self._sync_stop = threading.Event()
-        self._syncer: threading.Thread | None = None
+        # Machine mode: each begin/end awaits the journal's group commit.
+        self._commit = (
+            GroupCommit(self._journal, commit_interval) if durability == "machine" and self._journal is not None else None
+        )
 
     # -- public API ------------------------------------------------------------------------
 
@@ -309,9 +308,8 @@ class Biller:
                     self._memory.append(record)
         self._wake = asyncio.Event()
         self._stop_lock = asyncio.Lock()
-        if self._durability == "machine":
-            self._syncer = threading.Thread(target=self._sync_loop, name="responses_cache.billing.sync", daemon=True)
-            self._syncer.start()
+        if self._commit is not None:
+            self._commit.start()
         self._worker = self._loop.create_task(self._run(), name="responses_cache.billing")
         self._state = "running"
         self._wake.set()
@@ -422,17 +420,7 @@ class Biller:
 
     def _durable_after(self, end: int) -> Awaitable[None] | None:
         """In machine mode, a future resolved once the journal is synced up to ``end``."""
-        if self._durability != "machine" or self._syncer is None:
-            return None
-        loop = self._loop
-        if loop is None or threading.get_ident() != self._loop_thread:
-            self._sync_needed.set()  # synced soon; a thread has no loop future to await
-            return None
-        future: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            self._sync_waiters.append((end, future))
-        self._sync_needed.set()
-        return future
+        return self._commit.after(end) if self._commit is not None else None
 
     def _notify(self) -> None:
         """Wake the worker from any thread."""
@@ -449,44 +437,6 @@ class Biller:
         if self._wake is not None:
             self._wake.set()
 
-    # -- group commit (machine mode) -------------------------------------------------------
-
-    def _sync_loop(self) -> None:
-        journal = self._journal
-        assert journal is not None
-        last = 0.0
-        while True:
-            self._sync_needed.wait()
-            if self._sync_stop.is_set():
-                with contextlib.suppress(Exception):
-                    journal.sync()  # a last commit for anyone still waiting
-                break
-            self._sync_needed.clear()
-            wait = last + self._commit_interval - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)  # let more appends join this commit
-            last = time.monotonic()
-            try:
-                synced = journal.sync()
-            except Exception:
-                # The bytes are written (they survive a kill of the process); a turn must not
-                # hang on a disk that cannot sync, so the waiters are released and it is logged.
-                logger.exception("fdatasync of the billing journal %s failed", journal.path)
-                synced = journal.appended
-            self._release_synced(synced)
-        self._release_synced(None)
-
-    def _release_synced(self, synced: int | None) -> None:
-        with self._lock:
-            ready = [f for end, f in self._sync_waiters if synced is None or end <= synced]
-            self._sync_waiters = [(e, f) for e, f in self._sync_waiters if synced is not None and e > synced]
-        if not ready:
-            return
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve, ready)
-
     # -- worker ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -501,12 +451,12 @@ class Biller:
                     logger.exception("billing worker pass failed")
                     self._enter_degraded()
                 finally:
-                    _resolve(waiters)
+                    resolve(waiters)
                 if stopping:
                     break
         finally:
             waiters, self._flush_waiters = self._flush_waiters, []
-            _resolve(waiters)
+            resolve(waiters)
 
     async def _wait_for_work(self) -> None:
         loop, wake = self._loop, self._wake
@@ -651,10 +601,8 @@ class Biller:
 
     async def _finish(self, limit: float | None) -> None:
         """Stop the group commit, persist stragglers, close the journal and the sink."""
-        if self._syncer is not None:
-            self._sync_stop.set()
-            self._sync_needed.set()
-            await asyncio.to_thread(self._syncer.join)
+        if self._commit is not None:
+            await self._commit.stop()
         if self._journal is not None:
             await asyncio.to_thread(self._journal.close)
         with self._lock:
@@ -671,12 +619,6 @@ class Biller:
             await asyncio.wait_for(self._sink.close(), limit)
         except Exception:
             logger.exception("closing the billing sink failed")
-
-
-def _resolve(waiters: Iterable[asyncio.Future[None]]) -> None:
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)
 
 
 def _log_undeliverable(records: Iterable[UsageRecord]) -> None:
