@@ -17,9 +17,9 @@ Durability (``durability=``):
 
 * ``"process"``: each append is an ``os.write`` before the event goes out; it survives a kill
   of the process (the kernel has the bytes). No ``fsync`` on the turn's path.
-* ``"machine"``: additionally, a group commit thread (:mod:`.commit`) runs ``fdatasync`` at most every
-  ``commit_interval`` seconds, and ``begin``/``end`` return an awaitable that the turn awaits
-  before sending ``response.created`` / the terminal event; it survives power loss.
+* ``"machine"``: additionally, a group commit thread (:mod:`.commit`) runs ``fdatasync`` at most
+  every ``commit_interval`` seconds, and ``begin``/``end`` return an awaitable that the turn
+  awaits before sending ``response.created`` / the terminal event; it survives power loss.
 
 Without a journal (``journal_path=None``) the Biller keeps undelivered records in memory:
 they survive sink outages while the process lives, not a crash.
