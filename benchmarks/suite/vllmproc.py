@@ -15,7 +15,8 @@
   starts an engine-core child), with our middleware importable from this checkout.
 
 Extra pip arguments for the install (a mirror, a CPU torch index): ``ENGINE_SUITE_PIP_ARGS``. (Not
-``RESPONSES_CACHE_*``: ``responses-cache serve`` refuses variables of its prefix it does not know.)
+``RESPONSES_CACHE_*``: ``responses-cache serve`` and the vLLM middleware refuse variables of
+their prefix they do not know.)
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ Environment:
 ``VLLM_API_KEY``                the key vLLM checks (``--api-key``); checked here too
 ==============================  ===============================================================
 
+Besides these it reads the package's ``RESPONSES_CACHE_VOCAB_DIR``, ``RESPONSES_CACHE_DIR``,
+``RESPONSES_CACHE_HF_FAST`` and the adapter's ``RESPONSES_CACHE_SALT_KEY``; any other
+``RESPONSES_CACHE_*`` variable (a typo, or a ``responses-cache serve`` setting, which does not apply
+inside vLLM) stops the start with an error naming it.
+
 The package's log records (a turn that failed, a drain's deadline, the line per turn) go to vLLM's
 own log handlers, formatted as vLLM's lines, unless a logging configuration gave the
 ``responses_cache`` logger handlers of its own or vLLM's logging is off (``VLLM_CONFIGURE_LOGGING=0``).
@@ -41,7 +46,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -58,6 +64,51 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: How long a closed in-process response may take to finish after its client went away.
 _DRAIN_S = 5.0
+
+_PREFIX = "RESPONSES_CACHE_"
+#: The package's and the adapter's own variables, read where they apply.
+_ELSEWHERE = frozenset(_PREFIX + name for name in ("VOCAB_DIR", "DIR", "HF_FAST", "SALT_KEY"))
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class MiddlewareSettings:
+    """What the middleware is configured with (the module docstring's table)."""
+
+    model: str
+    template: str = "harmony"
+    path: str = "/v1/responses"
+    http: bool = False
+    endpoint: str = "auto"
+    log_level: str | None = None
+    api_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MiddlewareSettings:
+        """The settings ``env`` gives; ``ValueError`` naming the variable for one that is missing,
+        unknown or not a value it takes."""
+        read = {_PREFIX + name for name in ("MODEL", "TEMPLATE", "PATH", "HTTP", "ENDPOINT", "LOG_LEVEL")}
+        unknown = sorted(k for k in env if k.startswith(_PREFIX) and k not in read and k not in _ELSEWHERE)
+        if unknown:
+            raise ValueError(
+                f"ResponsesCacheMiddleware does not read {', '.join(unknown)}: its variables are "
+                f"{', '.join(sorted(read))} (a `responses-cache serve` setting does not apply inside vLLM)"
+            )
+        model = env.get(_PREFIX + "MODEL")
+        if not model:
+            raise ValueError("ResponsesCacheMiddleware needs RESPONSES_CACHE_MODEL (the served model name)")
+        http = env.get(_PREFIX + "HTTP", "").strip().lower()
+        if http not in _TRUE + _FALSE:
+            raise ValueError(f"RESPONSES_CACHE_HTTP={http!r} is not a boolean (1, true, yes, on; 0, false, no, off)")
+        return cls(
+            model=model,
+            template=env.get(_PREFIX + "TEMPLATE", "harmony"),
+            path=env.get(_PREFIX + "PATH", "/v1/responses"),
+            http=http in _TRUE,
+            endpoint=env.get(_PREFIX + "ENDPOINT", "auto"),
+            log_level=env.get(_PREFIX + "LOG_LEVEL"),
+            api_key=env.get("VLLM_API_KEY") or None,
+        )
 
 
 class InProcessTransport(httpx.AsyncBaseTransport):
@@ -185,28 +236,23 @@ class ResponsesCacheMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        log_where_vllm_logs(os.environ.get("RESPONSES_CACHE_LOG_LEVEL"))
-        model = os.environ.get("RESPONSES_CACHE_MODEL")
-        if not model:
-            raise ValueError("ResponsesCacheMiddleware needs RESPONSES_CACHE_MODEL (the served model name)")
-        template = os.environ.get("RESPONSES_CACHE_TEMPLATE", "harmony")
-        self.path = os.environ.get("RESPONSES_CACHE_PATH", "/v1/responses")
-        self.http = os.environ.get("RESPONSES_CACHE_HTTP", "") in ("1", "true", "yes")
-        api_key = os.environ.get("VLLM_API_KEY") or None
+        settings = MiddlewareSettings.from_env(os.environ)
+        log_where_vllm_logs(settings.log_level)
+        self.path, self.http = settings.path, settings.http
         self.transport = InProcessTransport(app)
-        endpoint = os.environ.get("RESPONSES_CACHE_ENDPOINT", "auto")
+        api_key = settings.api_key
         self.backend = InProcessBackend(
             "http://vllm.in-process",
-            engine_client=self._engine_client if endpoint == "auto" else lambda: None,
-            model=model,
+            engine_client=self._engine_client if settings.endpoint == "auto" else lambda: None,
+            model=settings.model,
             engine="vllm",
-            endpoint=endpoint,
-            template=template,
+            endpoint=settings.endpoint,
+            template=settings.template,
             api_key=api_key,  # vLLM's own check sees the key on the in-process call
             routing_headers=False,  # one process: nothing to route
             transport=self.transport,
         )
-        self.inner = create_app(backend=self.backend, renderer=template, api_keys=[api_key] if api_key else None)
+        self.inner = create_app(backend=self.backend, renderer=settings.template, api_keys=[api_key] if api_key else None)
 
     def _engine_client(self) -> Any:
         """vLLM's engine client (``app.state.engine_client``), once a request showed the app."""

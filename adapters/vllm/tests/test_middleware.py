@@ -7,13 +7,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from responses_cache_vllm.middleware import ResponsesCacheMiddleware
+from responses_cache_vllm.middleware import MiddlewareSettings, ResponsesCacheMiddleware
 from starlette.applications import Starlette
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -173,3 +174,34 @@ def test_a_logging_configuration_of_the_users_is_left_alone(vllm_logging: io.Str
     logging.getLogger("vllm").handlers[:] = []
     ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
     assert logging.getLogger("responses_cache").handlers == []
+
+
+# -- configuration: the environment ------------------------------------------------------------
+
+
+def test_the_settings_come_from_the_environment() -> None:
+    env = {"RESPONSES_CACHE_MODEL": "m", "RESPONSES_CACHE_HTTP": "On", "RESPONSES_CACHE_ENDPOINT": "generate",
+           "RESPONSES_CACHE_HF_FAST": "0", "VLLM_API_KEY": "sk-1", "HOME": "/root"}
+    assert MiddlewareSettings.from_env(env) == MiddlewareSettings(model="m", http=True, endpoint="generate", api_key="sk-1")
+    assert MiddlewareSettings.from_env({"RESPONSES_CACHE_MODEL": "m", "RESPONSES_CACHE_HTTP": "0"}).http is False
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RESPONSES_CACHE_ENDPIONT": "generate"}, "does not read RESPONSES_CACHE_ENDPIONT: its variables are"),
+        ({"RESPONSES_CACHE_STORE_MAX_BYTES": "1"}, "a `responses-cache serve` setting does not apply inside vLLM"),
+        ({"RESPONSES_CACHE_HTTP": "maybe"}, "RESPONSES_CACHE_HTTP='maybe' is not a boolean"),
+    ],
+)
+def test_a_variable_the_middleware_cannot_take_stops_the_start(
+    env: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"RESPONSES_CACHE_MODEL": "m", **env}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MiddlewareSettings.from_env(env)
+    # As ``vllm serve`` builds it: the same error from the middleware's constructor.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ResponsesCacheMiddleware(Starlette())  # type: ignore[arg-type]
