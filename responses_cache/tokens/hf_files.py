@@ -21,9 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -226,10 +224,6 @@ class FrozenJSON:
         return text
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 #: The variable a template's final generation-prompt block is captured in (see :class:`ChatTemplate`).
 _CAPTURE = "responses_cache_generation_prompt"
 _GENERATION = "add_generation_prompt"
@@ -323,107 +317,16 @@ class ChatTemplate:
 
 
 def compile_template(source: str) -> ChatTemplate:
-    """``source`` compiled in a sandboxed environment equivalent to ``apply_chat_template``'s."""
+    """``source`` compiled in a sandboxed environment equivalent to ``apply_chat_template``'s
+    (:mod:`.hf_sandbox`)."""
     try:
         import jinja2
-        import jinja2.ext
-        import jinja2.nodes
-        import jinja2.utils
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from . import hf_sandbox
     except ImportError as exc:  # pragma: no cover - the hf extra installs it
         raise ModelFilesError("the hf renderer needs the 'jinja2' package: pip install 'responses-cache[hf]'") from exc
-
-    class GenerationTag(jinja2.ext.Extension):
-        """``{% generation %}…{% endgeneration %}`` renders its body (transformers uses it to mark
-        assistant tokens; rendering is unchanged)."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            call = self.call_method("_body")
-            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Callable[[], str]) -> str:
-            return caller()
-
-    class Namespace(jinja2.utils.Namespace):
-        def __init__(*args: Any, **kwargs: Any) -> None:
-            self, rest = args[0], args[1:]
-            attrs = dict(*rest, **kwargs)
-            for name in attrs:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name: str, value: Any) -> None:
-            Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name: Any) -> None:
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"chat templates cannot set the attribute {name!r}")
-
-    class Dict:
-        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict.fromkeys(*args, **kwargs)
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    from types import BuiltinMethodType
-
-    from jinja2.runtime import LoopContext
-
-    dict_attributes = frozenset(dir(dict))
-    str_methods = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
-    loop_attributes = frozenset(
-        ("index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0", "previtem", "nextitem")
-    )
-
-    class Environment(ImmutableSandboxedEnvironment):  # type: ignore[misc]
-        """The sandbox with fast paths that give the same results: a message's key (``m.role``:
-        no ``dict`` attribute has that name, so jinja would fall back to ``m["role"]``), a loop
-        variable, a namespace's own value (public names only), and a string's public methods but
-        ``format``/``format_map`` (the sandbox wraps those) -- fetched (the sandbox finds a
-        ``str`` attribute safe: nothing internal, nothing mutable) and called (a builtin method
-        takes no context, so jinja's call reduces to calling it) without the sandbox's checks,
-        which cost several microseconds each (Qwen3's template calls a dozen per run)."""
-
-        def getattr(self, obj: Any, attribute: str) -> Any:
-            kind = type(obj)
-            if kind is dict and attribute not in dict_attributes:
-                try:
-                    return obj[attribute]
-                except KeyError:
-                    return self.undefined(obj=obj, name=attribute)
-            if (
-                (kind is LoopContext and attribute in loop_attributes)
-                or (kind is str and attribute in str_methods)
-                or (kind is Namespace and not attribute.startswith("_") and attribute in obj._Namespace__attrs)  # type: ignore[attr-defined]
-            ):
-                return getattr(obj, attribute)
-            return super().getattr(obj, attribute)
-
-        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if type(__obj) is BuiltinMethodType and type(__obj.__self__) is str and __obj.__name__ in str_methods:
-                kwargs.pop("_loop_vars", None)
-                kwargs.pop("_block_vars", None)
-                return __obj(*args, **kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
-
-    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
     tojson = FrozenJSON()
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = Dict()
-    env.globals["namespace"] = Namespace
     try:
-        return ChatTemplate(env, source, tojson)
+        return ChatTemplate(hf_sandbox.environment(tojson), source, tojson)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ModelFilesError(f"the chat template does not compile: {exc}") from exc
