@@ -100,13 +100,16 @@ class MiddlewareSettings:
         http = env.get(_PREFIX + "HTTP", "").strip().lower()
         if http not in _TRUE + _FALSE:
             raise ValueError(f"RESPONSES_CACHE_HTTP={http!r} is not a boolean (1, true, yes, on; 0, false, no, off)")
+        log_level = env.get(_PREFIX + "LOG_LEVEL")
+        if log_level is not None and not isinstance(logging.getLevelName(log_level.upper()), int):
+            raise ValueError(f"RESPONSES_CACHE_LOG_LEVEL={log_level!r} is not a logging level (debug, info, warning, error)")
         return cls(
             model=model,
             template=env.get(_PREFIX + "TEMPLATE", "harmony"),
             path=env.get(_PREFIX + "PATH", "/v1/responses"),
             http=http in _TRUE,
             endpoint=env.get(_PREFIX + "ENDPOINT", "auto"),
-            log_level=env.get(_PREFIX + "LOG_LEVEL"),
+            log_level=log_level,
             api_key=env.get("VLLM_API_KEY") or None,
         )
 
@@ -221,8 +224,6 @@ def log_where_vllm_logs(level: str | None = None) -> None:
     ``responses_cache`` logger already has handlers (a logging configuration of the user's) or
     where vLLM configured no handler of its own (``VLLM_CONFIGURE_LOGGING=0``)."""
     ours, theirs = logging.getLogger("responses_cache"), logging.getLogger("vllm")
-    if level is not None and not isinstance(logging.getLevelName(level.upper()), int):
-        raise ValueError(f"RESPONSES_CACHE_LOG_LEVEL={level!r} is not a logging level (debug, info, warning, error)")
     if ours.handlers or not theirs.handlers:
         return
     for handler in theirs.handlers:
