@@ -82,6 +82,25 @@ def describe(span: TurnSpan, rendered: RenderedPrompt | None, usage: Usage, engi
     span.set("gen_ai.usage.output_tokens", usage.output_tokens)
 
 
+def _in_words(fields: dict[str, Any]) -> str:
+    """What a text log line says after ``turn <id> <status>`` (a JSON line carries the fields):
+    `` in 41.9 ms (first token 2.1 ms; 512 tokens rendered, 18,044 reused; 40 out)``, and the
+    error of a failed turn."""
+    details = []
+    if "ttft_ms" in fields:
+        details.append(f"first token {fields['ttft_ms']:.1f} ms")
+    if "rendered_tokens" in fields:
+        details.append(f"{fields['rendered_tokens']:,} tokens rendered, {fields['reused_tokens']:,} reused")
+    if "output_tokens" in fields:
+        details.append(f"{fields['output_tokens']:,} out")
+    words = f" in {fields['duration_ms']:.1f} ms"
+    if details:
+        words += f" ({'; '.join(details)})"
+    if "error" in fields:
+        words += f": {fields['error']}"
+    return words
+
+
 class TurnLog:
     """A turn's one ``responses_cache.turns`` record (INFO; WARNING when it failed), its fields
     in ``record.turn`` for :class:`~responses_cache.observability.logs.JsonFormatter`."""
@@ -125,7 +144,7 @@ class TurnLog:
             code = getattr(error, "code", None)
             if code:
                 fields["error_code"] = code
-        turn_logger.log(level, "turn %s %s", turn.response_id, status, extra={"turn": fields})
+        turn_logger.log(level, "turn %s %s%s", turn.response_id, status, _in_words(fields), extra={"turn": fields})
 
     def _head(self, status: str) -> dict[str, Any]:
         turn = self._turn

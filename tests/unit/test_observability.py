@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,27 @@ def test_an_error_line_without_a_client_trace_carries_the_turn_spans_trace_id(js
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "responses.turn"]
     assert span.context is not None
     assert hook["trace_id"] == turn["trace_id"] == f"{span.context.trace_id:032x}"
+
+
+def test_a_text_line_per_turn_says_what_the_turn_did() -> None:
+    """``serve --log-level info`` and vLLM's log print the message alone: it carries the turn's
+    figures (a JSON line has them as fields)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("responses_cache.turns")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        app = create_app(backend=SimulatedEngine(SimulatedConfig(instant=True)))
+        with TestClient(app) as client:
+            _, second = _turns(client, 2)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    line = stream.getvalue().splitlines()[1]
+    pattern = (
+        rf"turn {second['response']['id']} completed in [0-9.]+ ms "
+        rf"\(first token [0-9.]+ ms; [0-9,]+ tokens rendered, ([0-9,]+) reused; {second['response']['usage']['output_tokens']} out\)"
+    )
+    found = re.fullmatch(pattern, line)
+    assert found is not None and int(found.group(1).replace(",", "")) > 0, line  # the second turn reused the first's
