@@ -100,13 +100,16 @@ class MiddlewareSettings:
         http = env.get(_PREFIX + "HTTP", "").strip().lower()
         if http not in _TRUE + _FALSE:
             raise ValueError(f"RESPONSES_CACHE_HTTP={http!r} is not a boolean (1, true, yes, on; 0, false, no, off)")
+        path = env.get(_PREFIX + "PATH", "/v1/responses")
+        if not path.startswith("/"):
+            raise ValueError(f"RESPONSES_CACHE_PATH={path!r} is not a path (it starts with '/')")
         log_level = env.get(_PREFIX + "LOG_LEVEL")
         if log_level is not None and not isinstance(logging.getLevelName(log_level.upper()), int):
             raise ValueError(f"RESPONSES_CACHE_LOG_LEVEL={log_level!r} is not a logging level (debug, info, warning, error)")
         return cls(
             model=model,
             template=env.get(_PREFIX + "TEMPLATE", "harmony"),
-            path=env.get(_PREFIX + "PATH", "/v1/responses"),
+            path=path,
             http=http in _TRUE,
             endpoint=env.get(_PREFIX + "ENDPOINT", "auto"),
             log_level=log_level,
