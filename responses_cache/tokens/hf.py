@@ -246,8 +246,6 @@ class HFRenderer:
             raise ValueError(f"history must be 'template' or 'keep', not {history!r}")
         files = load_model_files(model, chat_template=chat_template)
         self.files = files
-        self.history: History = history
-        self.window = window
         self.template_kwargs = dict(template_kwargs or {})
         tok = files.tokenizer()
         self._plain = files.tokenizer()
@@ -292,6 +290,17 @@ class HFRenderer:
                 )
 
     # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> History:
+        """The rewrite policy (module docstring), as :class:`~.hf_history.HistoryPolicy` applies it."""
+        return self._history.history
+
+    @property
+    def window(self) -> int | None:
+        """The fewest recent items the template runs over each turn (``None``: the whole
+        conversation), as :class:`~.hf_window.WindowPath` applies it."""
+        return self._windows.window if self._windows is not None else None
 
     @property
     def name(self) -> str:

@@ -60,10 +60,6 @@ class TemplateEncoder:
         self._stats.tokens_encoded += len(ids)
         return ids
 
-    def starts_with_added(self, text: str) -> bool:
-        """Whether ``text`` starts with an added token."""
-        return self._added_re.match(text) is not None
-
     def after(self, old: str, new: str, *, whole: bool = True) -> list[int] | None:
         """The tokens ``new`` adds when the text ``old`` (already tokenized) is followed by it, or
         None when tokens would merge across the boundary. ``whole``: ``old`` is the complete text
@@ -82,7 +78,7 @@ class TemplateEncoder:
             if window is not None and window >= len(old):
                 start = 0
                 break
-        if start is None or (start == 0 and not whole and not self.starts_with_added(old)):
+        if start is None or (start == 0 and not whole and not self._added_re.match(old)):
             if not whole:
                 return None
             start = 0
